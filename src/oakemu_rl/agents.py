@@ -1,0 +1,77 @@
+"""Agents: anything that picks an action for a single env — a policy, a script, a person.
+
+The recorder and the tester drive every kind the same way:
+`agent.reset(env, seed)` at each episode start, then `agent.act(env, observation)` per step,
+where `observation` is the stacked (frame_stack, size, size) uint8 frame and `env` the
+single env from `oakemu_rl.envs.make_env` (its `.unwrapped.ale` gives RAM to scripts).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from .model import PPOModel
+
+
+class Agent(Protocol):
+    kind: str
+    """Recorder kind written into demo files: "human", "scripted" or "policy"."""
+
+    def reset(self, env: Any, seed: int) -> None: ...
+
+    def act(self, env: Any, observation: np.ndarray) -> int: ...
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """`auto` picks CUDA when present, else CPU; anything else is passed to torch."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from .errors import ConfigError
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown --device {name!r}; use auto, cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but no CUDA GPU is available")
+    return device
+
+
+class PolicyAgent:
+    """Plays a `PPOModel`: greedy (argmax of the masked logits) or sampled."""
+
+    kind = "policy"
+
+    def __init__(
+        self,
+        model: PPOModel,
+        action_mask: np.ndarray | torch.Tensor | None = None,
+        *,
+        greedy: bool = True,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.mask = (
+            None
+            if action_mask is None
+            else torch.as_tensor(np.asarray(action_mask, dtype=bool), device=self.device)
+        )
+        self.greedy = greedy
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def reset(self, env: Any, seed: int) -> None:
+        self.generator.manual_seed(seed)
+
+    @torch.no_grad()
+    def act(self, env: Any, observation: np.ndarray) -> int:
+        x = torch.as_tensor(observation, device=self.device).unsqueeze(0)
+        logits = self.model.masked_logits(self.model.get_logits(x), self.mask)
+        if self.greedy:
+            return int(logits.argmax(-1).item())
+        probs = torch.softmax(logits, -1)
+        return int(torch.multinomial(probs, 1, generator=self.generator).item())

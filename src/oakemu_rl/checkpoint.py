@@ -1,0 +1,295 @@
+"""The one checkpoint format every stage reads and writes.
+
+A checkpoint is a plain dict saved with `torch.save`: key `model` holds the state dict,
+the other keys hold everything needed to rebuild and use the model without any other
+file. It is loaded with `torch.load(weights_only=True)`, so a file can never run code, and
+written atomically, so a kill never leaves half a checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import io
+import pickle
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import __version__
+from .errors import CheckpointError
+from .fsutil import atomic_write
+from .model import PPOModel, PPOModelConfiguration
+
+FORMAT = "oakemu-rl-checkpoint"
+SCHEMA_VERSION = 1
+
+STAGES = ("scratch", "bc", "calibrate", "ppo")
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint in memory. `state_dict` is the model's; `extra` is stage state to resume
+    (optimizer, RNG, counters), tensors and plain types only."""
+
+    stage: str
+    model_config: PPOModelConfiguration
+    observation_shape: tuple[int, ...]
+    action_meanings: list[str]
+    action_mask: list[bool]
+    env_spec: dict[str, Any]
+    state_dict: dict[str, torch.Tensor]
+    steps: dict[str, int] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    package_version: str = __version__
+    schema_version: int = SCHEMA_VERSION
+    created_at: str = ""
+
+    @property
+    def action_count(self) -> int:
+        return len(self.action_meanings)
+
+    @classmethod
+    def from_model(
+        cls,
+        model: PPOModel,
+        *,
+        stage: str,
+        action_meanings: list[str],
+        action_mask: list[bool],
+        env_spec: dict[str, Any],
+        steps: dict[str, int] | None = None,
+        config: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Checkpoint:
+        state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        return cls(
+            stage=stage,
+            model_config=model.model_config,
+            observation_shape=tuple(model.observation_shape),
+            action_meanings=list(action_meanings),
+            action_mask=[bool(v) for v in action_mask],
+            env_spec=dict(env_spec),
+            state_dict=state,
+            steps=dict(steps or {}),
+            config=dict(config or {}),
+            extra=dict(extra or {}),
+        )
+
+    def build_model(self, device: torch.device | str = "cpu") -> PPOModel:
+        """A `PPOModel` with this checkpoint's architecture and weights."""
+        model = PPOModel(self.observation_shape, self.action_count, self.model_config)
+        model.load_state_dict(self.state_dict)
+        return model.to(device)
+
+    def action_mask_tensor(self) -> torch.Tensor:
+        return torch.tensor(self.action_mask, dtype=torch.bool)
+
+    def to_payload(self) -> dict[str, Any]:
+        payload = {
+            "format": FORMAT,
+            "schema_version": self.schema_version,
+            "package_version": self.package_version,
+            "created_at": self.created_at or _now(),
+            "stage": self.stage,
+            "model": self.state_dict,
+            "model_config": self.model_config.to_dict(),
+            "observation_shape": list(self.observation_shape),
+            "action_count": self.action_count,
+            "action_meanings": list(self.action_meanings),
+            "action_mask": list(self.action_mask),
+            "env_spec": self.env_spec,
+            "steps": self.steps,
+            "config": self.config,
+            "extra": self.extra,
+        }
+        _check_plain(payload, "checkpoint")
+        return payload
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """Refuse to write anything `torch.load(weights_only=True)` would refuse to read."""
+    if isinstance(value, (_PLAIN, torch.Tensor)):
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, (str, int)):
+                raise TypeError(f"{where}: key {key!r} is not a str or int")
+            _check_plain(item, f"{where}.{key}")
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_plain(item, f"{where}[{index}]")
+        return
+    raise TypeError(f"{where} holds a {type(value).__name__}; checkpoints take plain types only")
+
+
+def save_checkpoint(path: str | Path, checkpoint: Checkpoint) -> Path:
+    """Write `checkpoint` to `path` atomically (temp file, fsync, rename)."""
+    path = Path(path)
+    payload = checkpoint.to_payload()
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    with atomic_write(path) as handle:
+        handle.write(buffer.getbuffer())
+    return path
+
+
+def _require(payload: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Path) -> Any:
+    if key not in payload:
+        raise CheckpointError(f"checkpoint {path} is damaged: it has no '{key}' entry")
+    value = payload[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CheckpointError(f"checkpoint {path} is damaged: its '{key}' entry is malformed")
+    return value
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Read and validate a checkpoint; any problem raises `CheckpointError` naming the file."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a directory, not a checkpoint file")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about foreign pickle protocols
+            payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "weights only" in str(error).lower():
+            raise CheckpointError(
+                f"refusing to load {path}: it holds Python objects beyond tensors and plain "
+                "data, which could run code when unpickled"
+            ) from None
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or foreign file)") \
+            from None
+    except PermissionError:
+        raise CheckpointError(f"cannot read checkpoint {path}: permission denied") from None
+    except Exception:  # torch raises many types for a file that is not its format
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or foreign file)") \
+            from None
+
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an OakEmu-RL checkpoint")
+    schema = _require(payload, "schema_version", int, path)
+    if schema > SCHEMA_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has schema version {schema}, newer than this OakEmu-RL "
+            f"understands ({SCHEMA_VERSION}); upgrade oakemu-rl to read it"
+        )
+    if schema < 1:
+        raise CheckpointError(f"checkpoint {path} is damaged: schema version {schema}")
+
+    state = _require(payload, "model", dict, path)
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise CheckpointError(f"checkpoint {path} is damaged: its weights are not tensors")
+    try:
+        model_config = PPOModelConfiguration.from_dict(
+            _require(payload, "model_config", dict, path)
+        )
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"checkpoint {path} has an invalid model configuration: {error}") \
+            from None
+    obs_shape = _require(payload, "observation_shape", list, path)
+    if len(obs_shape) != 3 or not all(isinstance(v, int) and v > 0 for v in obs_shape):
+        raise CheckpointError(f"checkpoint {path} is damaged: bad observation shape {obs_shape}")
+    meanings = _require(payload, "action_meanings", list, path)
+    mask = _require(payload, "action_mask", list, path)
+    count = _require(payload, "action_count", int, path)
+    if (
+        count < 1
+        or len(meanings) != count
+        or len(mask) != count
+        or not all(isinstance(m, str) for m in meanings)
+        or not all(isinstance(m, bool) for m in mask)
+        or not any(mask)
+    ):
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: action count, meanings and mask disagree"
+        )
+    steps = _require(payload, "steps", dict, path)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in steps.values()):
+        raise CheckpointError(f"checkpoint {path} is damaged: its 'steps' entry is malformed")
+
+    checkpoint = Checkpoint(
+        stage=_require(payload, "stage", str, path),
+        model_config=model_config,
+        observation_shape=tuple(obs_shape),
+        action_meanings=list(meanings),
+        action_mask=list(mask),
+        env_spec=_require(payload, "env_spec", dict, path),
+        state_dict=state,
+        steps=dict(steps),
+        config=_require(payload, "config", dict, path),
+        extra=_require(payload, "extra", dict, path),
+        package_version=_require(payload, "package_version", str, path),
+        schema_version=schema,
+        created_at=_require(payload, "created_at", str, path),
+    )
+    _check_weights_fit(checkpoint, path)
+    return checkpoint
+
+
+def _check_weights_fit(checkpoint: Checkpoint, path: Path) -> None:
+    try:
+        model = PPOModel(checkpoint.observation_shape, checkpoint.action_count,
+                         checkpoint.model_config)
+    except ValueError as error:
+        raise CheckpointError(f"checkpoint {path} describes a model that cannot be built: "
+                              f"{error}") from None
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(checkpoint.state_dict))
+    unexpected = sorted(set(checkpoint.state_dict) - set(expected))
+    if missing or unexpected:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise CheckpointError(
+            f"checkpoint {path}: its weights do not fit its model configuration ({what})"
+        )
+    for name, tensor in expected.items():
+        stored = checkpoint.state_dict[name]
+        if stored.shape != tensor.shape or stored.dtype != tensor.dtype:
+            raise CheckpointError(
+                f"checkpoint {path}: its weights do not fit its model configuration "
+                f"({name} is {tuple(stored.shape)}, the configuration needs {tuple(tensor.shape)})"
+            )
+        if stored.is_floating_point() and not bool(torch.isfinite(stored).all()):
+            raise CheckpointError(f"checkpoint {path} holds non-finite weights in {name}")
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> PPOModel:
+    """Rebuild the `PPOModel` stored in `path` from that file alone."""
+    return load_checkpoint(path).build_model(device)
+
+
+def describe(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The metadata `oakemu info` prints."""
+    params = sum(t.numel() for t in checkpoint.state_dict.values())
+    pairs = zip(checkpoint.action_meanings, checkpoint.action_mask, strict=True)
+    allowed = [m for m, ok in pairs if ok]
+    return {
+        "stage": checkpoint.stage,
+        "steps": checkpoint.steps,
+        "env": checkpoint.env_spec.get("env_id", "?"),
+        "env_spec": checkpoint.env_spec,
+        "observation_shape": list(checkpoint.observation_shape),
+        "actions": checkpoint.action_count,
+        "allowed_actions": allowed,
+        "parameters": params,
+        "parameter_megabytes": round(
+            sum(t.numel() * t.element_size() for t in checkpoint.state_dict.values()) / 2**20, 2
+        ),
+        "model_config": checkpoint.model_config.to_dict(),
+        "created_at": checkpoint.created_at,
+        "package_version": checkpoint.package_version,
+        "schema_version": checkpoint.schema_version,
+    }

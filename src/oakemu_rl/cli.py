@@ -1,0 +1,346 @@
+"""The `oakemu` command. It parses options and calls the stages; nothing more."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import OakEmuError
+
+
+class _Group(click.Group):
+    """A click group that turns a user error into one line and a non-zero exit."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OakEmuError as error:
+            root = ctx.find_root()
+            if root.params.get("debug"):
+                raise
+            raise click.ClickException(str(error)) from None
+
+
+def _not_built(name: str) -> None:
+    raise OakEmuError(f"`oakemu {name}` is not built yet")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="oakemu")
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+def cli(debug: bool) -> None:
+    """OakEmu-RL: recorded play of an emulated game in, a PPO agent out.
+
+    \b
+    record ──► demos.h5 ──► bootstrap bc ──► bootstrap calibrate ──► finetune ppo
+                                          test (greedy) · export onnx · info
+    """
+
+
+# -- info -------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("checkpoint", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the metadata as JSON.")
+def info(checkpoint: str, as_json: bool) -> None:
+    """Print a checkpoint's metadata: stage, steps, env, model size."""
+    from .checkpoint import describe, load_checkpoint
+
+    meta = describe(load_checkpoint(checkpoint))
+    if as_json:
+        click.echo(json.dumps(meta, indent=2, sort_keys=True))
+        return
+    steps = ", ".join(f"{k}={v:,}" for k, v in meta["steps"].items()) or "none"
+    conv = " ".join("{}x{}/{}".format(*layer) for layer in meta["model_config"]["conv_layers"])
+    fc = "-".join(str(w) for w in meta["model_config"]["fc_hidden"])
+    rows = [
+        ("checkpoint", checkpoint),
+        ("stage", meta["stage"]),
+        ("steps", steps),
+        ("env", meta["env"]),
+        ("observation", "x".join(str(v) for v in meta["observation_shape"]) + " uint8"),
+        ("actions", f"{meta['actions']} ({len(meta['allowed_actions'])} allowed: "
+                    f"{', '.join(meta['allowed_actions'])})"),
+        ("model", f"conv {conv}, fc {fc}, {meta['model_config']['activation']}"),
+        ("parameters", f"{meta['parameters']:,} ({meta['parameter_megabytes']} MiB)"),
+        ("created", f"{meta['created_at']} by oakemu-rl {meta['package_version']} "
+                    f"(schema {meta['schema_version']})"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key:<{width}}  {value}")
+
+
+# -- envs -------------------------------------------------------------------------------
+
+
+@cli.command()
+def envs() -> None:
+    """List the games the emulator can run (their ROMs ship with ale-py)."""
+    from .envs import available_games
+
+    for game in available_games():
+        click.echo(game)
+
+
+# -- groups later stages fill ------------------------------------------------------------
+
+
+def _spec_options(func):
+    """Options that build an EnvSpec; shared by every command that starts an emulator."""
+    options = [
+        click.option("--game", default="pong", show_default=True,
+                     help="Game ROM id or full id (`oakemu envs` lists them)."),
+        click.option("--sticky", "repeat_action_probability", type=click.FloatRange(0, 0.99),
+                     default=0.25, show_default=True, help="Sticky-action probability."),
+        click.option("--noop-max", type=click.IntRange(0, 1000), default=30, show_default=True,
+                     help="Most NOOP steps at an episode start."),
+        click.option("--full-action-space", is_flag=True, help="Use all 18 joystick actions."),
+        click.option("--forbid", "forbidden_actions", multiple=True, metavar="ACTION",
+                     help="An action meaning the agent may never take (repeatable), e.g. FIRE."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _spec(game: str, repeat_action_probability: float, noop_max: int,
+          full_action_space: bool, forbidden_actions: tuple[str, ...]):
+    from .envs import EnvSpec, action_mask
+
+    spec = EnvSpec(game=game, repeat_action_probability=repeat_action_probability,
+                   noop_max=noop_max, full_action_space=full_action_space,
+                   forbidden_actions=tuple(forbidden_actions))
+    action_mask(spec)  # a bad --forbid is an error before anything starts
+    return spec
+
+
+@cli.command()
+@_spec_options
+@click.option("--out", type=click.Path(dir_okay=False, path_type=str),
+              default="data/demos/{game}.h5", show_default=True,
+              help="Demo file to create or append to.")
+@click.option("--episodes", type=click.IntRange(1), default=5, show_default=True)
+@click.option("--demonstrator", type=click.Choice(["keyboard", "scripted"]), default="keyboard",
+              show_default=True, help="Who plays: you at the keyboard, or a built-in script.")
+@click.option("--policy", "policy_path", type=click.Path(path_type=str), default=None,
+              help="Record a trained agent from this checkpoint instead (its env spec is used).")
+@click.option("--noise", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Scripted demonstrator: chance per step of a random allowed action.")
+@click.option("--fps", type=click.FloatRange(1, 1000), default=15.0, show_default=True,
+              help="Keyboard: agent steps per second (15 is the game's normal speed).")
+@click.option("--max-steps", type=click.IntRange(1), default=None,
+              help="Cut each episode after this many agent steps.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="auto", show_default=True, help="--policy: auto, cpu or cuda.")
+def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, noise: float,
+           fps: float, max_steps: int | None, seed: int, device: str, **spec_options) -> None:
+    """Record demonstrations into an HDF5 file (one committed episode at a time)."""
+    from pathlib import Path
+
+    from .demos.record import RecordConfig
+    from .demos.record import record as run_record
+
+    agent: Any
+    progress = True
+    if policy_path is not None:
+        from .tester import load_policy_agent
+
+        agent, spec = load_policy_agent(policy_path, device=device)
+    else:
+        spec = _spec(**spec_options)
+        if demonstrator == "scripted":
+            from .demos.scripted import make_demonstrator
+
+            agent = make_demonstrator(spec, seed=seed, noise=noise)
+        else:
+            from .demos.keyboard import KeyboardAgent, check_display, key_map_text
+
+            check_display()
+            click.echo(key_map_text(spec))
+            agent = KeyboardAgent(spec, fps=fps)
+            progress = False
+    path = Path(out.format(game=spec.game))
+    config = RecordConfig(out=path, spec=spec, episodes=episodes, seed=seed,
+                          max_steps=max_steps, progress=progress)
+    try:
+        result = run_record(config, agent)
+    except KeyboardInterrupt:
+        raise OakEmuError(f"stopped; every finished episode is kept in {path}") from None
+    finally:
+        close = getattr(agent, "close", None)
+        if close is not None:
+            close()
+    returns = [e["return"] for e in result.episodes]
+    mean = f", mean return {sum(returns) / len(returns):+.1f}" if returns else ""
+    note = " (stopped early)" if result.stopped else ""
+    click.echo(f"wrote {len(result.episodes)} episode(s) to {path}{mean}{note}")
+
+
+@cli.group(cls=_Group)
+def demos() -> None:
+    """Inspect, validate and merge demonstration files."""
+
+
+@demos.command("info")
+@click.argument("file", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def demos_info(file: str, as_json: bool) -> None:
+    """Episodes, steps, returns, action histogram and env spec of a demo file."""
+    from .demos import DemoFile
+
+    with DemoFile(file) as demo:
+        summary = demo.summary()
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    r = summary["returns"]
+    spec = summary["env_spec"]
+    click.echo(f"file        {summary['path']} (schema {summary['schema_version']}, "
+               f"{summary['bytes']:,} bytes, {summary['bytes_per_frame']} bytes/frame)")
+    click.echo(f"env         {spec['env_id']}  frame skip {spec['frame_skip']}, "
+               f"{spec['screen_size']}x{spec['screen_size']}, stack {spec['frame_stack']}, "
+               f"sticky {spec['repeat_action_probability']}, noop max {spec['noop_max']}")
+    click.echo(f"episodes    {summary['episodes']} ({', '.join(summary['recorders']) or '-'})")
+    click.echo(f"steps       {summary['steps']:,}")
+    if summary["episodes"]:
+        click.echo(f"returns     mean {r['mean']:+.2f}  std {r['std']:.2f}  "
+                   f"min {r['min']:+.0f}  max {r['max']:+.0f}")
+    total = max(summary["steps"], 1)
+    click.echo("actions")
+    for meaning, count in summary["action_histogram"].items():
+        allowed = "" if summary["action_mask"][meaning] else "  (forbidden)"
+        click.echo(f"  {meaning:<14}{count:>9,}  {100 * count / total:5.1f}%{allowed}")
+
+
+@demos.command("validate")
+@click.argument("file", type=click.Path(path_type=str))
+def demos_validate(file: str) -> None:
+    """Check a demo file completely, reading every stored frame."""
+    from .demos import validate_demo_file
+
+    with validate_demo_file(file) as demo:
+        click.echo(f"{file}: valid, {len(demo.episodes)} episodes, {demo.num_steps:,} steps")
+
+
+@demos.command("merge")
+@click.argument("out", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=str))
+def demos_merge(out: str, inputs: tuple[str, ...]) -> None:
+    """Merge demo files recorded with the same env spec into OUT (created or appended)."""
+    from .demos import merge_demo_files
+
+    copied = merge_demo_files(out, list(inputs))
+    click.echo(f"merged {copied} episode(s) from {len(inputs)} file(s) into {out}")
+
+
+@cli.group(cls=_Group)
+def bootstrap() -> None:
+    """Stage one and two: behaviour cloning, then critic calibration."""
+
+
+@bootstrap.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def bc() -> None:
+    """Behaviour cloning of the trunk and policy head on demonstrations."""
+    _not_built("bootstrap bc")
+
+
+@bootstrap.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def calibrate() -> None:
+    """Fit the value head alone on the BC policy's returns."""
+    _not_built("bootstrap calibrate")
+
+
+@cli.group(cls=_Group)
+def finetune() -> None:
+    """Stage three: reinforcement learning from the warm start."""
+
+
+@finetune.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def ppo() -> None:
+    """PPO from the calibrated checkpoint."""
+    _not_built("finetune ppo")
+
+
+@cli.command()
+@click.argument("checkpoint", required=False, type=click.Path(path_type=str))
+@click.option("--demonstrator", type=click.Choice(["scripted"]), default=None,
+              help="Also (or, without CHECKPOINT, only) score the scripted demonstrator.")
+@_spec_options
+@click.option("--episodes", type=click.IntRange(1), default=5, show_default=True)
+@click.option("--max-steps", type=click.IntRange(1), default=None,
+              help="Cut each episode after this many agent steps.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--video", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Save the first episode as .mp4 or .gif.")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the scores as JSON.")
+def test(checkpoint: str | None, demonstrator: str | None, episodes: int,
+         max_steps: int | None, seed: int, video: str | None, device: str, as_json: bool,
+         **spec_options) -> None:
+    """Score a checkpoint by greedy play (argmax of the masked logits).
+
+    With --demonstrator scripted the scripted player is scored the same way, on the
+    checkpoint's game when a checkpoint is given, so both land in one table.
+    """
+    from pathlib import Path
+
+    from .tester import EvalConfig, evaluate, format_table, load_policy_agent
+
+    if checkpoint is None and demonstrator is None:
+        raise OakEmuError("give a CHECKPOINT to test, or --demonstrator scripted")
+    config = EvalConfig(episodes=episodes, seed=seed, max_steps=max_steps,
+                        video=Path(video) if video else None)
+    results = {}
+    spec = None
+    if checkpoint is not None:
+        agent, spec = load_policy_agent(checkpoint, device=device)
+        results["checkpoint"] = evaluate(agent, spec, config)
+        config = EvalConfig(episodes=episodes, seed=seed, max_steps=max_steps, video=None)
+    if demonstrator == "scripted":
+        from .demos.scripted import make_demonstrator
+
+        spec = spec or _spec(**spec_options)
+        results["scripted"] = evaluate(make_demonstrator(spec, seed=seed), spec, config)
+    if as_json:
+        click.echo(json.dumps({k: v.to_dict() for k, v in results.items()}, indent=2))
+    else:
+        click.echo(f"{spec.env_id}, greedy, {episodes} episode(s), seed {seed}")
+        click.echo(format_table(results))
+    if video:
+        click.echo(f"video of the first episode: {video}")
+
+
+@cli.group(cls=_Group)
+def export() -> None:
+    """Ship a policy."""
+
+
+@export.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def onnx() -> None:
+    """Export the policy to ONNX."""
+    _not_built("export onnx")
+
+
+@cli.group(cls=_Group)
+def pipeline() -> None:
+    """Run a pipelines/*.toml end to end."""
+
+
+@pipeline.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def run() -> None:
+    """Run every stage of a pipeline file."""
+    _not_built("pipeline run")
+
+
+def main() -> None:
+    cli(prog_name="oakemu")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""`oakemu record`: play episodes with an agent (a person, a script, a policy) into a demo file.
+
+Each finished episode is committed to the file before the next one starts, so stopping
+(Ctrl-C, closing the window, a kill) never costs more than the episode in progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from ..agents import Agent
+from ..envs import EnvSpec, make_env
+from .writer import DemoWriter, EpisodeBuffer
+
+
+class DiscardEpisode(Exception):
+    """Raised by an agent's `act` to throw away the episode in progress and start over."""
+
+
+class StopRecording(Exception):
+    """Raised by an agent's `act` to end the session; finished episodes are kept."""
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """What `oakemu record` does."""
+
+    out: Path
+    """Demo file to create or append to."""
+    spec: EnvSpec = field(default_factory=EnvSpec)
+    """Game and preprocessing; training-only switches are turned off for demos."""
+    episodes: int = 1
+    """Episodes to commit."""
+    seed: int = 0
+    """Episode i is played with seed `seed + i`."""
+    max_steps: int | None = None
+    """Agent steps after which an episode is cut (marked truncated) and committed."""
+    progress: bool = True
+    """Show a tqdm bar (the keyboard recorder shows its own window instead)."""
+
+
+@dataclass
+class RecordResult:
+    path: Path
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    discarded: int = 0
+    stopped: bool = False
+
+
+def record(config: RecordConfig, agent: Agent) -> RecordResult:
+    """Play `config.episodes` episodes with `agent` and commit each to `config.out`."""
+    if config.episodes < 1:
+        raise ValueError("episodes must be at least 1")
+    spec = config.spec.for_evaluation()
+    writer = DemoWriter(config.out, spec)
+    mask = writer.action_mask
+    result = RecordResult(path=Path(config.out))
+    env = make_env(spec, render_mode="rgb_array")
+    bar = tqdm(total=config.episodes, unit="episode", disable=not config.progress,
+               desc=f"recording {spec.game}")
+    observe = getattr(agent, "observe", None)
+    try:
+        episode = 0
+        while episode < config.episodes:
+            seed = config.seed + episode
+            buffer = EpisodeBuffer()
+            observation, _ = env.reset(seed=seed)
+            agent.reset(env, seed)
+            try:
+                while True:
+                    action = int(agent.act(env, observation))
+                    if not mask[action]:
+                        raise ValueError(
+                            f"the {agent.kind} agent chose the forbidden action "
+                            f"{writer.action_meanings[action]}"
+                        )
+                    next_observation, reward, terminated, truncated, info = env.step(action)
+                    if config.max_steps is not None and len(buffer) + 1 >= config.max_steps:
+                        truncated = True
+                    buffer.add(observation[-1], action, float(reward), terminated, truncated)
+                    if observe is not None:
+                        observe(float(reward), bool(terminated), bool(truncated), info)
+                    observation = next_observation
+                    if terminated or truncated:
+                        break
+            except DiscardEpisode:
+                result.discarded += 1
+                continue
+            except StopRecording:
+                result.stopped = True
+                break
+            index = writer.write_episode(buffer, recorder=agent.kind, seed=seed)
+            result.episodes.append(
+                {"index": index, "seed": seed, "return": buffer.episode_return,
+                 "length": len(buffer)}
+            )
+            episode += 1
+            bar.set_postfix(ret=f"{buffer.episode_return:+.0f}", steps=len(buffer))
+            bar.update(1)
+    finally:
+        bar.close()
+        env.close()
+    return result

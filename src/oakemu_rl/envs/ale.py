@@ -1,0 +1,164 @@
+"""The Arcade Learning Environment backend: one env for play, a C++ vector env for training.
+
+Both paths preprocess the same way (frame skip with max-pool, grayscale, resize, a stack
+that is zero before the episode's first frame), so a policy trained on one plays on the
+other. `tests/test_envs.py` checks that they agree frame for frame.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from ..errors import EnvError
+from .spec import EnvSpec
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """The emulator prints a banner on stderr when it loads a ROM; keep the terminal clean."""
+    try:
+        fd = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+def _atari_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
+    import ale_py
+    from ale_py import roms
+
+    try:
+        roms.get_rom_path(spec.game)
+    except Exception:
+        raise EnvError(
+            f"the ROM for {spec.game!r} is missing from this ale-py install; reinstall ale-py "
+            "or pick another game with `oakemu envs`"
+        ) from None
+    with _quiet_stderr():
+        return ale_py.AtariEnv(
+            game=spec.game,
+            obs_type="rgb",
+            frameskip=1,
+            repeat_action_probability=spec.repeat_action_probability,
+            full_action_space=spec.full_action_space,
+            max_num_frames_per_episode=spec.max_episode_frames,
+            render_mode=render_mode,
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def action_meanings(game: str, full_action_space: bool = False) -> tuple[str, ...]:
+    """The meanings of the game's actions, in action-index order."""
+    env = _atari_env(EnvSpec(game=game, full_action_space=full_action_space,
+                             repeat_action_probability=0.0))
+    try:
+        return tuple(env.get_action_meanings())
+    finally:
+        env.close()
+
+
+def action_mask(spec: EnvSpec) -> np.ndarray:
+    """Bool array over the spec's actions, True where allowed."""
+    meanings = action_meanings(spec.game, spec.full_action_space)
+    unknown = sorted(set(spec.forbidden_actions) - set(meanings))
+    if unknown:
+        raise EnvError(
+            f"cannot forbid {', '.join(unknown)}: {spec.game} has the actions "
+            f"{', '.join(meanings)}"
+        )
+    mask = np.array([m not in spec.forbidden_actions for m in meanings], dtype=bool)
+    if not mask.any():
+        raise EnvError(f"the action mask forbids every action of {spec.game}")
+    return mask
+
+
+class FrameStack(gym.Wrapper):
+    """Stack the last `k` single frames into a (k, H, W) uint8 observation.
+
+    Before the episode's first frame the stack holds zeros, as the vector env does, and
+    as the demo reader does when it rebuilds stacks from frames stored once.
+    """
+
+    def __init__(self, env: gym.Env, k: int) -> None:
+        super().__init__(env)
+        height, width = env.observation_space.shape
+        self._stack = np.zeros((k, height, width), dtype=np.uint8)
+        self.observation_space = gym.spaces.Box(0, 255, self._stack.shape, np.uint8)
+
+    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        frame, info = self.env.reset(**kwargs)
+        self._stack[:] = 0
+        self._stack[-1] = frame
+        return self._stack.copy(), info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        frame, reward, terminated, truncated, info = self.env.step(action)
+        self._stack[:-1] = self._stack[1:]
+        self._stack[-1] = frame
+        return self._stack.copy(), reward, terminated, truncated, info
+
+
+def make_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
+    """A single preprocessed env whose observations are (frame_stack, size, size) uint8.
+
+    `env.unwrapped` is the emulator (`.ale.getRAM()`, `.render()` for RGB frames).
+    """
+    action_mask(spec)  # refuse a bad mask before any emulator starts
+    env: gym.Env = _atari_env(spec, render_mode)
+    env = gym.wrappers.AtariPreprocessing(
+        env,
+        noop_max=spec.noop_max,
+        frame_skip=spec.frame_skip,
+        screen_size=spec.screen_size,
+        terminal_on_life_loss=spec.episodic_life,
+        grayscale_obs=True,
+        scale_obs=False,
+    )
+    if spec.reward_clipping:
+        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+    return FrameStack(env, spec.frame_stack)
+
+
+def make_vector_env(spec: EnvSpec, num_envs: int, *, num_threads: int = 0) -> Any:
+    """ale-py's C++ `AtariVectorEnv` for `spec`; observations are (n, stack, size, size) uint8.
+
+    It resets finished sub-envs on the following `step` call (gymnasium's next-step mode).
+    """
+    from ale_py.vector_env import AtariVectorEnv
+
+    if num_envs < 1:
+        raise EnvError(f"the number of envs must be at least 1, got {num_envs}")
+    action_mask(spec)
+    with _quiet_stderr():
+        return AtariVectorEnv(
+            game=spec.game,
+            num_envs=num_envs,
+            num_threads=num_threads,
+            max_num_frames_per_episode=spec.max_episode_frames,
+            repeat_action_probability=spec.repeat_action_probability,
+            full_action_space=spec.full_action_space,
+            img_height=spec.screen_size,
+            img_width=spec.screen_size,
+            grayscale=True,
+            stack_num=spec.frame_stack,
+            frameskip=spec.frame_skip,
+            maxpool=True,
+            noop_max=spec.noop_max,
+            episodic_life=spec.episodic_life,
+            reward_clipping=spec.reward_clipping,
+            use_fire_reset=False,
+        )

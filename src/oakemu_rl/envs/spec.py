@@ -1,0 +1,173 @@
+"""`EnvSpec`: everything that decides what an observation and an action mean.
+
+The spec is plain data. It is written into every demo file and checkpoint, so a frame
+recorded today is preprocessed exactly the same way when a policy trained on it plays.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from ..errors import EnvError
+
+BACKENDS = ("ale",)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How a game is emulated and preprocessed. Defaults follow Machado et al. (2018)."""
+
+    game: str = "pong"
+    """ROM id of the game (`oakemu envs` lists them), e.g. pong, breakout."""
+    backend: str = "ale"
+    """Emulator backend; only the Arcade Learning Environment for now."""
+    frame_skip: int = 4
+    """Emulator frames per agent step; the action repeats and the last two frames are max-pooled."""
+    screen_size: int = 84
+    """Observations are resized to screen_size × screen_size."""
+    grayscale: bool = True
+    """Observations are single-channel luminance (the only mode the stacker supports)."""
+    frame_stack: int = 4
+    """The policy sees this many consecutive frames; zeros stand in before an episode starts."""
+    noop_max: int = 30
+    """Episodes start with a random number (0..noop_max) of NOOP steps."""
+    repeat_action_probability: float = 0.25
+    """Sticky actions: chance the emulator repeats the previous action for a frame."""
+    full_action_space: bool = False
+    """Use all 18 joystick actions instead of the game's minimal set."""
+    max_episode_frames: int = 108_000
+    """Emulator frames after which an episode is truncated (30 minutes of play)."""
+    episodic_life: bool = False
+    """Training only: a lost life ends the learning episode (the game goes on)."""
+    reward_clipping: bool = False
+    """Training only: rewards are clipped to their sign."""
+    forbidden_actions: tuple[str, ...] = ()
+    """Action meanings the agent may never take, e.g. ("FIRE",); they form the action mask."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "game", canonical_game(self.game))
+        object.__setattr__(
+            self, "forbidden_actions", tuple(str(a).upper() for a in self.forbidden_actions)
+        )
+        if self.backend not in BACKENDS:
+            raise EnvError(f"unknown emulator backend {self.backend!r}; known: {BACKENDS}")
+        checks = [
+            ("frame_skip", self.frame_skip >= 1),
+            ("screen_size", 8 <= self.screen_size <= 512),
+            ("frame_stack", 1 <= self.frame_stack <= 32),
+            ("noop_max", self.noop_max >= 0),
+            ("repeat_action_probability", 0.0 <= self.repeat_action_probability < 1.0),
+            ("max_episode_frames", self.max_episode_frames >= 1),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise EnvError(f"env spec value {name}={getattr(self, name)!r} is out of range")
+        if not self.grayscale:
+            raise EnvError("env spec grayscale=false is not supported yet; use grayscale frames")
+
+    @property
+    def env_id(self) -> str:
+        """A readable id for logs and metadata, e.g. ALE/Pong-v5."""
+        return "ALE/" + "".join(part.capitalize() for part in self.game.split("_")) + "-v5"
+
+    @property
+    def frame_shape(self) -> tuple[int, int]:
+        return (self.screen_size, self.screen_size)
+
+    @property
+    def observation_shape(self) -> tuple[int, int, int]:
+        return (self.frame_stack, self.screen_size, self.screen_size)
+
+    def for_evaluation(self) -> EnvSpec:
+        """The same game without the training-only switches (raw rewards, whole games)."""
+        return replace(self, episodic_life=False, reward_clipping=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["forbidden_actions"] = list(self.forbidden_actions)
+        data["env_id"] = self.env_id
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EnvSpec:
+        if not isinstance(data, dict):
+            raise EnvError(f"an env spec must be a mapping, got {type(data).__name__}")
+        data = {k: v for k, v in data.items() if k != "env_id"}
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise EnvError(f"unknown env spec keys: {', '.join(unknown)}")
+        clean: dict[str, Any] = {}
+        for name, value in data.items():
+            default = getattr(cls, name, None)
+            if name == "forbidden_actions":
+                if not isinstance(value, (list, tuple)) or not all(
+                    isinstance(v, str) for v in value
+                ):
+                    raise EnvError("env spec forbidden_actions must be a list of action names")
+                clean[name] = tuple(value)
+            elif isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise EnvError(f"env spec {name} must be true or false, got {value!r}")
+                clean[name] = value
+            elif isinstance(default, int):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise EnvError(f"env spec {name} must be an integer, got {value!r}")
+                clean[name] = value
+            elif isinstance(default, float):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise EnvError(f"env spec {name} must be a number, got {value!r}")
+                clean[name] = float(value)
+            else:
+                if not isinstance(value, str):
+                    raise EnvError(f"env spec {name} must be a string, got {value!r}")
+                clean[name] = value
+        return cls(**clean)
+
+    @classmethod
+    def from_json(cls, text: str) -> EnvSpec:
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as error:
+            raise EnvError(f"env spec is not valid JSON: {error}") from None
+        return cls.from_dict(data)
+
+    def same_frames_as(self, other: EnvSpec) -> bool:
+        """True when both specs give the same observations and actions (the training-only
+        switches may differ: they change rewards and episode ends, not frames)."""
+        return self.for_evaluation() == other.for_evaluation()
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def available_games() -> list[str]:
+    from ale_py import roms
+
+    return sorted(roms.get_all_rom_ids())
+
+
+def canonical_game(name: str) -> str:
+    """Map `pong`, `Pong`, `ALE/Pong-v5`, `PongNoFrameskip-v4` or `space-invaders` to a ROM id."""
+    if not isinstance(name, str) or not name.strip():
+        raise EnvError("the game name is empty; `oakemu envs` lists the games")
+    raw = name.strip()
+    base = raw.split("/", 1)[1] if raw.upper().startswith("ALE/") else raw
+    base = re.sub(r"-v\d+$", "", base)
+    base = re.sub(r"NoFrameskip$|Deterministic$", "", base)
+    candidate = _snake(base).replace("-", "_").replace(" ", "_")
+    games = available_games()
+    if candidate in games:
+        return candidate
+    compact = candidate.replace("_", "")
+    for game in games:
+        if game.replace("_", "") == compact:
+            return game
+    raise EnvError(f"unknown game {raw!r}; run `oakemu envs` to list the games")
