@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from typing import Any
@@ -244,16 +245,93 @@ def bootstrap() -> None:
     """Stage one and two: behaviour cloning, then critic calibration."""
 
 
-@bootstrap.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def bc() -> None:
-    """Behaviour cloning of the trunk and policy head on demonstrations."""
-    _not_built("bootstrap bc")
+def _options_from(config_cls, skip: tuple[str, ...] = ()):
+    """Click options for every field of a stage's config dataclass, help from its docs."""
+    import dataclasses
+
+    docs = _field_docs(config_cls)
+
+    def decorate(func):
+        for field in reversed(dataclasses.fields(config_cls)):
+            if field.name in skip:
+                continue
+            flag = "--" + field.name.replace("_", "-")
+            default = field.default
+            help_text = docs.get(field.name, "")
+            annotation = str(field.type)
+            if isinstance(default, bool):
+                option = click.option(f"{flag}/--no-{flag[2:]}", field.name, default=default,
+                                      show_default=True, help=help_text)
+            elif annotation.startswith("tuple["):
+                option = click.option(flag, field.name, multiple=True, help=help_text,
+                                      callback=lambda _ctx, _param, value: tuple(value))
+            else:
+                kind = int if annotation.startswith("int") else \
+                    float if annotation.startswith("float") else str
+                option = click.option(flag, field.name, type=kind, default=default,
+                                      show_default=default is not None, help=help_text)
+            func = option(func)
+        return func
+
+    return decorate
 
 
-@bootstrap.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def calibrate() -> None:
-    """Fit the value head alone on the BC policy's returns."""
-    _not_built("bootstrap calibrate")
+def _field_docs(config_cls) -> dict[str, str]:
+    """The one-line docstring under each dataclass field."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(config_cls)))
+    docs = {}
+    body = tree.body[0].body
+    for node, after in itertools.pairwise(body):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)):
+            docs[node.target.id] = " ".join(str(after.value.value).split())
+    return docs
+
+
+def _bc_config():
+    from .bootstrap.bc import BCConfig
+
+    return BCConfig
+
+
+def _calibrate_config():
+    from .bootstrap.calibrate import CalibrateConfig
+
+    return CalibrateConfig
+
+
+@bootstrap.command("bc")
+@click.argument("demo_files", nargs=-1, required=True, type=click.Path(path_type=str))
+@_options_from(_bc_config(), skip=("demos",))
+def bc(demo_files: tuple[str, ...], **options) -> None:
+    """Behaviour cloning: train the trunk and policy head on DEMO_FILES' actions.
+
+    Writes bc.pt (the best epoch by validation loss), bc_metrics.jsonl and bc_curves.png
+    into the run directory (default data/runs/GAME).
+    """
+    from .bootstrap.bc import BCConfig, train_bc
+
+    path = train_bc(BCConfig(demos=tuple(demo_files), **options))
+    click.echo(f"wrote {path}; next: oakemu bootstrap calibrate --run-dir {path.parent}")
+
+
+@bootstrap.command("calibrate")
+@_options_from(_calibrate_config())
+def calibrate(**options) -> None:
+    """Fit the value head alone on the BC policy's returns in the emulator.
+
+    Reads bc.pt from the run directory (default: the last run) and writes calibrated.pt,
+    with the trunk and policy head bit-identical to bc.pt.
+    """
+    from .bootstrap.calibrate import CalibrateConfig
+    from .bootstrap.calibrate import calibrate as run_calibrate
+
+    path = run_calibrate(CalibrateConfig(**options))
+    click.echo(f"wrote {path}")
 
 
 @cli.group(cls=_Group)
@@ -261,10 +339,24 @@ def finetune() -> None:
     """Stage three: reinforcement learning from the warm start."""
 
 
-@finetune.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def ppo() -> None:
-    """PPO from the calibrated checkpoint."""
-    _not_built("finetune ppo")
+def _ppo_config():
+    from .finetune.ppo import PPOConfig
+
+    return PPOConfig
+
+
+@finetune.command("ppo")
+@_options_from(_ppo_config())
+def ppo(**options) -> None:
+    """Full PPO from the run's calibrated.pt (or --checkpoint), with warm-start guards.
+
+    Writes ppo_last.pt every --checkpoint-every updates (what --resume continues from),
+    ppo.pt at the end, and ppo_metrics.jsonl plus TensorBoard events in the run directory.
+    """
+    from .finetune.ppo import PPOConfig, finetune_ppo
+
+    path = finetune_ppo(PPOConfig(**options))
+    click.echo(f"wrote {path}")
 
 
 @cli.command()

@@ -1,4 +1,9 @@
-"""Writing files so that a crash or a kill never leaves one half-written."""
+"""Writing files so that a crash or a kill never leaves one half-written.
+
+Every artifact (checkpoints, demo files, videos, reports) is written to a temporary file
+beside its target, fsynced, and renamed over the target: a reader sees the old file or
+the new one, never a mix.
+"""
 
 from __future__ import annotations
 
@@ -21,34 +26,64 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-@contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
-    """Open a temporary file beside `path`; on success fsync it and rename it over `path`.
+def _cannot_write(target: Path, error: OSError) -> OakEmuError:
+    return OakEmuError(f"cannot write {target}: {error.strerror or error}")
 
-    If the body raises (or the process dies), `path` keeps its previous content and the
-    temporary file is removed (or, after a kill, left as an ignorable `.tmp-*` file).
-    """
-    target = Path(path)
+
+def temp_beside(target: str | os.PathLike[str], suffix: str = "") -> Path:
+    """An empty temporary file `.NAME.tmp-*SUFFIX` in `target`'s folder (created if needed),
+    with the permissions a plain `open()` would give (mkstemp's are private)."""
+    target = Path(target)
     directory = target.parent if str(target.parent) else Path(".")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=directory)
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", suffix=suffix, dir=directory)
     except OSError as error:
-        raise OakEmuError(f"cannot write {target}: {error.strerror or error}") from None
-    tmp = Path(tmp_name)
+        raise _cannot_write(target, error) from None
+    umask = os.umask(0)
+    os.umask(umask)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o666 & ~umask)
+    os.close(fd)
+    return Path(name)
+
+
+def commit(tmp: Path, target: str | os.PathLike[str]) -> None:
+    """fsync `tmp` and rename it over `target`; on failure remove `tmp` and raise."""
+    target = Path(target)
     try:
-        with os.fdopen(fd, mode) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, target)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise _cannot_write(target, error) from None
+    _fsync_dir(target.parent if str(target.parent) else Path("."))
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
+    """Open a temporary file beside `path`; when the body succeeds, commit it over `path`.
+
+    If the body raises, `path` keeps its previous content and the temporary file is
+    removed; after a kill it is left as an ignorable `.NAME.tmp-*` file.
+    """
+    target = Path(path)
+    tmp = temp_beside(target)
+    try:
+        with open(tmp, mode) as handle:
+            yield handle
     except BaseException as error:
         with contextlib.suppress(OSError):
             tmp.unlink()
         if isinstance(error, OSError):
-            raise OakEmuError(f"cannot write {target}: {error.strerror or error}") from None
+            raise _cannot_write(target, error) from None
         raise
-    _fsync_dir(directory)
+    commit(tmp, target)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

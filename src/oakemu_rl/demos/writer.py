@@ -15,7 +15,6 @@ import datetime as _dt
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import numpy as np
 from .. import __version__
 from ..envs import EnvSpec, action_mask, action_meanings
 from ..errors import DemoFileError
+from ..fsutil import commit, temp_beside
 from . import schema
 from .reader import DemoFile
 
@@ -74,14 +74,6 @@ class EpisodeBuffer:
             values.clear()
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class DemoWriter:
     """Writes episodes to `path`, creating it or appending to a file with the same spec."""
 
@@ -127,27 +119,20 @@ class DemoWriter:
 
     def _commit(self, change, start_from: Path | None) -> None:
         """Apply `change` to a copy of the file (or a new file) and rename it into place."""
-        directory = self.path.parent
-        try:
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{self.path.name}.tmp-", dir=directory)
-        except OSError as error:
-            raise DemoFileError(f"cannot write {self.path}: {error.strerror}") from None
-        os.close(fd)
-        tmp = Path(tmp_name)
+        tmp = temp_beside(self.path)
         try:
             if start_from is not None:
                 shutil.copyfile(start_from, tmp)
             with h5py.File(tmp, "a" if start_from is not None else "w") as handle:
                 change(handle)
-            _fsync(tmp)
-            os.replace(tmp, self.path)
-        except OSError as error:
-            raise DemoFileError(f"cannot write {self.path}: {error.strerror or error}") from None
-        finally:
+        except BaseException as error:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-        with contextlib.suppress(OSError):
-            _fsync(directory)
+            if isinstance(error, OSError):
+                raise DemoFileError(f"cannot write {self.path}: {error.strerror or error}") \
+                    from None
+            raise
+        commit(tmp, self.path)
 
     def write_episode(self, episode: EpisodeBuffer, *, recorder: str, seed: int) -> int:
         """Commit one finished episode; returns its index (the N of data/demo_N)."""

@@ -133,10 +133,15 @@ def make_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     return FrameStack(env, spec.frame_stack)
 
 
-def make_vector_env(spec: EnvSpec, num_envs: int, *, num_threads: int = 0) -> Any:
+def make_vector_env(
+    spec: EnvSpec, num_envs: int, *, num_threads: int = 0, same_step_reset: bool = False
+) -> Any:
     """ale-py's C++ `AtariVectorEnv` for `spec`; observations are (n, stack, size, size) uint8.
 
-    It resets finished sub-envs on the following `step` call (gymnasium's next-step mode).
+    By default a finished sub-env resets on the following `step` call (gymnasium's
+    next-step mode). With `same_step_reset` it resets at once: the step that ends an
+    episode returns the next episode's first observation and the last one in
+    `info["final_obs"]`, which training needs to bootstrap truncated episodes.
     """
     from ale_py.vector_env import AtariVectorEnv
 
@@ -161,4 +166,5 @@ def make_vector_env(spec: EnvSpec, num_envs: int, *, num_threads: int = 0) -> An
             episodic_life=spec.episodic_life,
             reward_clipping=spec.reward_clipping,
             use_fire_reset=False,
+            autoreset_mode="SameStep" if same_step_reset else "NextStep",
         )

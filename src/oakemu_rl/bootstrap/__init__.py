@@ -1,0 +1,1 @@
+"""Stages one and two: behaviour cloning and critic calibration."""

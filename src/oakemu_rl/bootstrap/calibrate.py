@@ -1,0 +1,286 @@
+"""Stage two, `oakemu bootstrap calibrate`: fit only the value head on the BC policy's returns.
+
+The BC policy plays in the vector env; its rollouts give return targets (discounted
+Monte-Carlo, or bootstrapped TD(λ)); the value head alone is fitted through
+`get_value(x, detach_features=True)`, with an optimizer that holds the value head's
+parameters and nothing else. The trunk and policy head come out bit-identical to BC's,
+so PPO starts from the imprinted policy *and* a critic that already knows its returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .. import runs
+from ..agents import resolve_device
+from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from ..envs import EnvSpec
+from ..errors import ConfigError, DemoFileError, OakEmuError
+from ..finetune.advantages import discounted_returns, explained_variance, td_lambda
+from ..finetune.rollout import RolloutCollector
+from ..metrics import MetricsLogger
+from ..model import PPOModel
+from ..plots import plot_value_scatter
+from .bc import open_demo_files
+
+TARGETS = ("td_lambda", "mc")
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    """Critic calibration settings; `oakemu bootstrap calibrate --help` shows them."""
+
+    run_dir: str | None = None
+    """Run directory holding bc.pt; calibrated.pt is written there (default: the last run)."""
+    checkpoint: str | None = None
+    """Calibrate this checkpoint instead of the run's bc.pt."""
+    num_envs: int = 8
+    """Emulators stepped together."""
+    num_steps: int = 256
+    """Steps per env per iteration."""
+    holdout_envs: int = 2
+    """Envs whose rollouts are only used to measure explained variance."""
+    iterations: int = 20
+    """Most rollout-and-fit iterations."""
+    target_explained_variance: float = 0.6
+    """Stop once the held-out explained variance reaches this."""
+    target: str = "td_lambda"
+    """Return targets: td_lambda (bootstrapped) or mc (discounted Monte-Carlo)."""
+    gamma: float = 0.99
+    """Discount."""
+    gae_lambda: float = 0.95
+    """λ of TD(λ)."""
+    epochs: int = 4
+    """Passes over each iteration's data."""
+    minibatch_size: int = 256
+    """Samples per value-head step."""
+    lr: float = 1e-3
+    """Adam learning rate of the value head."""
+    greedy: bool = False
+    """Play the argmax action instead of sampling from the masked policy."""
+    reward_clipping: bool = True
+    """Clip learning rewards to their sign (must match the PPO that follows)."""
+    episodic_life: bool = True
+    """A lost life ends the learning episode (must match the PPO that follows)."""
+    demos: tuple[str, ...] = ()
+    """Demo files whose own discounted returns are added as calibration data."""
+    demo_ratio: float = 0.5
+    """Demo samples per rollout sample in each iteration's data."""
+    seed: int = 0
+    """Seeds the emulators, sampling and minibatches."""
+    device: str = "auto"
+    """auto (CUDA when present), cpu or cuda."""
+    progress: bool = True
+    """Show a tqdm bar."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("num_envs", self.num_envs >= 2), ("num_steps", self.num_steps >= 1),
+            ("holdout_envs", 1 <= self.holdout_envs < self.num_envs),
+            ("iterations", self.iterations >= 1), ("gamma", 0 < self.gamma <= 1),
+            ("gae_lambda", 0 <= self.gae_lambda <= 1), ("epochs", self.epochs >= 1),
+            ("minibatch_size", self.minibatch_size >= 1), ("lr", self.lr > 0),
+            ("demo_ratio", self.demo_ratio >= 0),
+            ("target_explained_variance", self.target_explained_variance <= 1),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise ConfigError(
+                    f"calibrate option {name}={getattr(self, name)!r} is out of range"
+                )
+        if self.target not in TARGETS:
+            raise ConfigError(f"calibrate option target must be one of {TARGETS}")
+
+
+def value_targets(rollout, config: CalibrateConfig) -> torch.Tensor:
+    """Return targets (T, N) for a rollout under the chosen estimator."""
+    if config.target == "mc":
+        return discounted_returns(rollout.rewards, rollout.terminations, rollout.truncations,
+                                  rollout.next_values, config.gamma)
+    _, returns = td_lambda(rollout.rewards, rollout.values, rollout.next_values,
+                           rollout.terminations, rollout.truncations, config.gamma,
+                           config.gae_lambda)
+    return returns
+
+
+def demo_returns(paths: tuple[str, ...], spec: EnvSpec, meanings: list[str],
+                 config: CalibrateConfig) -> list[tuple[object, int, np.ndarray]]:
+    """(demo file, episode, discounted returns) of every demo episode, with the same reward
+    clipping as the rollouts. A truncated episode's tail counts as ending there."""
+    demos = open_demo_files(paths)
+    for demo in demos:
+        if not demo.spec.same_frames_as(spec) or demo.action_meanings != meanings:
+            raise DemoFileError(
+                f"demo file {demo.path} was recorded with a different env spec "
+                f"({demo.spec.env_id}) than the checkpoint ({spec.env_id})"
+            )
+    out = []
+    for demo in demos:
+        for i in range(len(demo.episodes)):
+            rewards = demo.read(i, "rewards").astype(np.float32)[:, None]
+            if config.reward_clipping:
+                rewards = np.sign(rewards)
+            ends = np.zeros_like(rewards, dtype=bool)
+            ends[-1] = True
+            returns = discounted_returns(rewards, ends, np.zeros_like(ends),
+                                         np.zeros_like(rewards), config.gamma)
+            out.append((demo, i, returns[:, 0]))
+    return out
+
+
+def _sample_demo_states(episodes, count: int, rng: np.random.Generator
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = np.array([len(r) for _, _, r in episodes])
+    picks = rng.choice(lengths.sum(), size=min(count, lengths.sum()), replace=False)
+    bounds = np.cumsum(lengths)
+    obs, targets = [], []
+    for p in np.sort(picks):
+        e = int(np.searchsorted(bounds, p, side="right"))
+        t = int(p - (bounds[e] - lengths[e]))
+        demo, i, returns = episodes[e]
+        obs.append(demo.observation(i, t))
+        targets.append(returns[t])
+    return torch.from_numpy(np.stack(obs)), torch.tensor(np.array(targets), dtype=torch.float32)
+
+
+def _check_policy_unchanged(before: dict[str, torch.Tensor], model: PPOModel) -> None:
+    for name, tensor in model.state_dict().items():
+        if not name.startswith("value_head.") and not torch.equal(before[name], tensor.cpu()):
+            raise RuntimeError(f"calibration changed {name}; the policy must stay as BC left it")
+
+
+def calibrate(config: CalibrateConfig) -> Path:
+    """Run critic calibration; returns the path of calibrated.pt."""
+    if config.checkpoint is not None:
+        source = Path(config.checkpoint)
+        run_dir = runs.prepare_run_dir(config.run_dir or source.parent, "")
+    else:
+        run_dir = runs.find_run_dir(config.run_dir, needs="bc")
+        source = runs.stage_input(run_dir, "bc")
+    checkpoint = load_checkpoint(source)
+    spec = dataclasses.replace(EnvSpec.from_dict(checkpoint.env_spec),
+                               reward_clipping=config.reward_clipping,
+                               episodic_life=config.episodic_life)
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)
+    rng = np.random.default_rng(config.seed)
+    model = checkpoint.build_model(device)
+    before = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.startswith("value_head."))
+    optimizer = torch.optim.Adam(model.value_head.parameters(), lr=config.lr)
+    mask = checkpoint.action_mask_tensor()
+    demo_episodes = (demo_returns(config.demos, spec, checkpoint.action_meanings, config)
+                     if config.demos else [])
+
+    collector = RolloutCollector(spec, model, mask, num_envs=config.num_envs,
+                                 num_steps=config.num_steps, device=device, seed=config.seed,
+                                 greedy=config.greedy)
+    fit_envs = config.num_envs - config.holdout_envs
+    path = run_dir / runs.STAGE_FILES["calibrate"]
+    best: dict = {"ev": -math.inf}
+    history: list[float] = []
+    start_time = time.perf_counter()
+    bar = tqdm(range(1, config.iterations + 1), disable=not config.progress,
+               desc="calibrate", unit="iter")
+    try:
+        with MetricsLogger(run_dir, "calibrate") as log:
+            for iteration in bar:
+                rollout = collector.collect()
+                targets = value_targets(rollout, config)
+                obs = rollout.obs[:, :fit_envs].reshape(-1, *rollout.obs.shape[2:])
+                fit_targets = targets[:, :fit_envs].reshape(-1)
+                held_obs = rollout.obs[:, fit_envs:].reshape(-1, *rollout.obs.shape[2:])
+                held_targets = targets[:, fit_envs:].reshape(-1)
+                if iteration == 1:
+                    with torch.no_grad():
+                        initial = explained_variance(
+                            model.get_value(held_obs).cpu(), held_targets.cpu())
+                if demo_episodes and config.demo_ratio > 0:
+                    demo_obs, demo_t = _sample_demo_states(
+                        demo_episodes, int(len(fit_targets) * config.demo_ratio), rng)
+                    obs = torch.cat([obs, demo_obs.to(device)])
+                    fit_targets = torch.cat([fit_targets, demo_t.to(device)])
+                fit_start = time.perf_counter()
+                losses = []
+                for _ in range(config.epochs):
+                    order = torch.from_numpy(rng.permutation(len(fit_targets))).to(device)
+                    for b in range(0, len(order), config.minibatch_size):
+                        idx = order[b:b + config.minibatch_size]
+                        predicted = model.get_value(obs[idx], detach_features=True)
+                        loss = 0.5 * (predicted - fit_targets[idx]).pow(2).mean()
+                        if not torch.isfinite(loss):
+                            raise OakEmuError(
+                                f"the value loss became {float(loss)} at iteration "
+                                f"{iteration}; calibration stopped (nothing was overwritten)"
+                            )
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                        optimizer.step()
+                        losses.append(float(loss.detach()))
+                collector.timings.learn += time.perf_counter() - fit_start
+                with torch.no_grad():
+                    held_pred = model.get_value(held_obs).cpu()
+                ev = explained_variance(held_pred, held_targets.cpu())
+                history.append(ev)
+                log.log(collector.global_step, {
+                    "calibrate/iteration": iteration,
+                    "calibrate/value_loss": float(np.mean(losses)),
+                    "losses/explained_variance": ev,
+                    "calibrate/target_mean": float(held_targets.mean()),
+                    "calibrate/target_std": float(held_targets.std()),
+                    "charts/episodic_return": float(np.mean(collector.stats.returns))
+                    if collector.stats.returns else None,
+                })
+                bar.set_postfix(ev=f"{ev:.3f}", loss=f"{np.mean(losses):.4f}")
+                if not math.isnan(ev) and ev > best["ev"]:
+                    best = {"ev": ev, "iteration": iteration,
+                            "state": {k: v.detach().cpu().clone()
+                                      for k, v in model.value_head.state_dict().items()},
+                            "pred": held_pred.numpy(), "target": held_targets.cpu().numpy()}
+                if not math.isnan(ev) and ev >= config.target_explained_variance:
+                    break
+    finally:
+        bar.close()
+        collector.close()
+
+    if "state" in best:
+        model.value_head.load_state_dict(best["state"])
+    _check_policy_unchanged(before, model)
+    wall = time.perf_counter() - start_time
+    result = Checkpoint.from_model(
+        model,
+        stage="calibrate",
+        action_meanings=checkpoint.action_meanings,
+        action_mask=checkpoint.action_mask,
+        env_spec=checkpoint.env_spec,
+        steps=checkpoint.steps | {"calibrate_env_steps": collector.global_step,
+                                  "calibrate_iterations": len(history)},
+        config=dataclasses.asdict(config) | {"demos": list(config.demos),
+                                             "source": str(source)},
+        extra={"bc": checkpoint.extra, "calibration": {
+            "explained_variance": float(best["ev"]) if "state" in best else float("nan"),
+            "initial_explained_variance": float(initial),
+            "best_iteration": int(best.get("iteration", 0)),
+            "wall_seconds": float(wall),
+            "history": [float(h) for h in history],
+        }},
+    )
+    save_checkpoint(path, result)
+    if "state" in best:
+        plot_value_scatter(best["pred"], best["target"], best["ev"],
+                           run_dir / "calibration_scatter.png")
+    runs.remember_run(run_dir)
+    if config.progress:
+        tqdm.write(f"explained variance {initial:.3f} -> {best.get('ev', float('nan')):.3f} "
+                   f"(held-out, best of {len(history)} iterations) in {wall:.0f}s; "
+                   f"wrote {path}")
+    return path

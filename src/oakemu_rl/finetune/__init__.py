@@ -1,0 +1,1 @@
+"""Stage three: PPO fine-tuning, its rollouts and advantage maths."""

@@ -1,0 +1,176 @@
+"""Playing a policy in the vector env and keeping what learning needs.
+
+The emulator always runs with raw rewards and whole games; the training-only switches of
+the env spec are applied here: `reward_clipping` clips the learning reward to its sign,
+`episodic_life` makes a lost life a termination for learning (the game goes on). Episode
+statistics (`charts/episodic_return`) are always raw game scores of whole games.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..envs import EnvSpec, make_vector_env
+from ..model import PPOModel
+
+
+@dataclass
+class Rollout:
+    """T steps of N envs; every tensor is (T, N, ...) and lives on the learning device."""
+
+    obs: torch.Tensor  # uint8 (T, N, C, H, W)
+    actions: torch.Tensor  # int64
+    log_probs: torch.Tensor
+    values: torch.Tensor
+    rewards: torch.Tensor  # learning rewards (clipped when the spec says so)
+    terminations: torch.Tensor  # bool, learning terminations (life loss with episodic_life)
+    truncations: torch.Tensor  # bool
+    next_values: torch.Tensor  # V(s_{t+1}) of the same episode (final obs where truncated)
+
+    @property
+    def num_steps(self) -> int:
+        return self.actions.shape[0] * self.actions.shape[1]
+
+
+@dataclass
+class Timings:
+    env: float = 0.0
+    inference: float = 0.0
+    learn: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"env": self.env, "inference": self.inference, "learn": self.learn}
+
+
+@dataclass
+class EpisodeStats:
+    """Raw scores and lengths of finished games, most recent last."""
+
+    returns: deque = field(default_factory=lambda: deque(maxlen=100))
+    lengths: deque = field(default_factory=lambda: deque(maxlen=100))
+    finished: int = 0
+
+
+class RolloutCollector:
+    """Steps `num_envs` emulators with a policy, `num_steps` at a time."""
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        model: PPOModel,
+        action_mask: torch.Tensor,
+        *,
+        num_envs: int,
+        num_steps: int,
+        device: torch.device,
+        seed: int = 0,
+        greedy: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.model = model
+        self.mask = action_mask.to(device)
+        self.num_envs = num_envs
+        self.num_steps = num_steps
+        self.device = device
+        self.greedy = greedy
+        self.env = make_vector_env(spec.for_evaluation(), num_envs, same_step_reset=True)
+        obs, info = self.env.reset(seed=seed)
+        self.next_obs = obs
+        self.lives = np.asarray(info["lives"]).copy()
+        self.raw_return = np.zeros(num_envs)
+        self.raw_length = np.zeros(num_envs, dtype=np.int64)
+        self.stats = EpisodeStats()
+        self.timings = Timings()
+        self.global_step = 0
+        shape = (num_steps, num_envs)
+        obs_shape = tuple(obs.shape[1:])
+        self._obs = torch.zeros((*shape, *obs_shape), dtype=torch.uint8, device=device)
+        self._actions = torch.zeros(shape, dtype=torch.int64, device=device)
+        self._log_probs = torch.zeros(shape, device=device)
+        self._values = torch.zeros(shape, device=device)
+        self._rewards = np.zeros(shape, dtype=np.float32)
+        self._terms = np.zeros(shape, dtype=bool)
+        self._truncs = np.zeros(shape, dtype=bool)
+
+    @torch.no_grad()
+    def _act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.greedy:
+            logits, value = self.model(obs)
+            logits = self.model.masked_logits(logits, self.mask)
+            action = logits.argmax(-1)
+            log_prob = torch.log_softmax(logits, -1).gather(-1, action[:, None])[:, 0]
+            return action, log_prob, value[:, 0]
+        bundle = self.model.get_action_bundle(obs, action_mask=self.mask)
+        return bundle.action, bundle.log_prob, bundle.value
+
+    @torch.no_grad()
+    def collect(self) -> Rollout:
+        model_was_training = self.model.training
+        self.model.eval()
+        finals: list[tuple[int, np.ndarray, np.ndarray]] = []  # (t, env ids, final obs)
+        for t in range(self.num_steps):
+            start = time.perf_counter()
+            obs = torch.from_numpy(self.next_obs).to(self.device)
+            self._obs[t] = obs
+            action, log_prob, value = self._act(obs)
+            self._actions[t] = action
+            self._log_probs[t] = log_prob
+            self._values[t] = value
+            actions = action.cpu().numpy()
+            mid = time.perf_counter()
+            next_obs, reward, terminated, truncated, info = self.env.step(actions)
+            self.timings.env += time.perf_counter() - mid
+            self.timings.inference += mid - start
+            done = terminated | truncated
+            lives = np.asarray(info["lives"])
+            learn_terminated = terminated.copy()
+            if self.spec.episodic_life:
+                learn_terminated |= (lives < self.lives) & ~done
+            self.lives = lives.copy()
+            self._rewards[t] = np.sign(reward) if self.spec.reward_clipping else reward
+            self._terms[t] = learn_terminated
+            self._truncs[t] = truncated & ~learn_terminated
+            if truncated.any():
+                ids = np.flatnonzero(self._truncs[t])
+                if len(ids):
+                    finals.append((t, ids, np.asarray(info["final_obs"])[ids]))
+            self.raw_return += reward
+            self.raw_length += 1
+            for i in np.flatnonzero(done):
+                self.stats.returns.append(float(self.raw_return[i]))
+                self.stats.lengths.append(int(self.raw_length[i]))
+                self.stats.finished += 1
+                self.raw_return[i] = 0
+                self.raw_length[i] = 0
+            self.next_obs = next_obs
+        self.global_step += self.num_steps * self.num_envs
+
+        start = time.perf_counter()
+        next_values = torch.empty_like(self._values)
+        next_values[:-1] = self._values[1:]
+        last = torch.from_numpy(self.next_obs).to(self.device)
+        next_values[-1] = self.model.get_value(last)
+        for t, ids, final in finals:
+            final_values = self.model.get_value(torch.from_numpy(final).to(self.device))
+            next_values[t, torch.from_numpy(ids).to(self.device)] = final_values
+        self.timings.inference += time.perf_counter() - start
+        self.model.train(model_was_training)
+        as_tensor = lambda a: torch.from_numpy(a.copy()).to(self.device)  # noqa: E731
+        return Rollout(
+            obs=self._obs.clone(),
+            actions=self._actions.clone(),
+            log_probs=self._log_probs.clone(),
+            values=self._values.clone(),
+            rewards=as_tensor(self._rewards),
+            terminations=as_tensor(self._terms),
+            truncations=as_tensor(self._truncs),
+            next_values=next_values,
+        )
+
+    def close(self) -> None:
+        self.env.close()

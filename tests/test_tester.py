@@ -1,0 +1,275 @@
+"""The tester on the real emulator: checkpoints, masks, determinism, videos, result tables."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from oakemu_rl.agents import PolicyAgent
+from oakemu_rl.checkpoint import Checkpoint, save_checkpoint
+from oakemu_rl.envs import EnvSpec, action_mask, action_meanings, make_env
+from oakemu_rl.errors import CheckpointError, ConfigError
+from oakemu_rl.model import PPOModel
+from oakemu_rl.tester import (
+    AgentActionError,
+    EvalConfig,
+    EvalResult,
+    evaluate,
+    format_table,
+    load_policy_agent,
+)
+
+FIRE = 1  # Pong's minimal actions: NOOP, FIRE, RIGHT, LEFT, RIGHTFIRE, LEFTFIRE
+
+
+class Recording:
+    """Wraps an agent and keeps every action it returns, episode by episode."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.kind = agent.kind
+        self.episodes: list[list[int]] = []
+
+    def reset(self, env: Any, seed: int) -> None:
+        self.episodes.append([])
+        self.agent.reset(env, seed)
+
+    def act(self, env: Any, observation: np.ndarray) -> int:
+        action = self.agent.act(env, observation)
+        self.episodes[-1].append(int(action))
+        return action
+
+
+class Constant:
+    kind = "scripted"
+
+    def __init__(self, action: Any) -> None:
+        self.action = action
+
+    def reset(self, env: Any, seed: int) -> None:
+        pass
+
+    def act(self, env: Any, observation: np.ndarray) -> Any:
+        return self.action
+
+
+class CrashAfter:
+    kind = "scripted"
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.count = 0
+
+    def reset(self, env: Any, seed: int) -> None:
+        pass
+
+    def act(self, env: Any, observation: np.ndarray) -> int:
+        self.count += 1
+        if self.count > self.steps:
+            raise RuntimeError("agent crashed")
+        return 0
+
+
+def _save(tmp_path: Path, spec: EnvSpec, model: PPOModel | None = None) -> Path:
+    meanings = list(action_meanings(spec.game, spec.full_action_space))
+    if model is None:
+        torch.manual_seed(0)
+        model = PPOModel(spec.observation_shape, len(meanings))
+    checkpoint = Checkpoint.from_model(
+        model,
+        stage="scratch",
+        action_meanings=meanings,
+        action_mask=action_mask(spec).tolist(),
+        env_spec=spec.to_dict(),
+    )
+    return save_checkpoint(tmp_path / "agent.pt", checkpoint)
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name)
+
+
+def test_checkpoint_agent_plays_n_episodes_deterministically(tmp_path: Path) -> None:
+    spec = EnvSpec(game="pong")
+    path = _save(tmp_path, spec)
+    agent, loaded_spec = load_policy_agent(path, device="cpu")
+    assert isinstance(agent, PolicyAgent) and agent.greedy
+    assert loaded_spec == spec
+
+    config = EvalConfig(episodes=3, max_steps=40, seed=7)
+    first = Recording(agent)
+    result = evaluate(first, loaded_spec, config)
+    assert len(result.scores) == len(result.lengths) == 3
+    assert result.lengths == [40, 40, 40]  # Pong cannot end within 40 steps
+    assert [len(actions) for actions in first.episodes] == [40, 40, 40]
+
+    again_agent, _ = load_policy_agent(path, device="cpu")
+    again = Recording(again_agent)
+    repeat = evaluate(again, loaded_spec, config)
+    assert repeat.scores == result.scores
+    assert repeat.lengths == result.lengths
+    assert again.episodes == first.episodes
+
+
+def test_masked_action_is_never_taken(tmp_path: Path) -> None:
+    spec = EnvSpec(game="pong", forbidden_actions=("FIRE",))
+    torch.manual_seed(0)
+    model = PPOModel(spec.observation_shape, 6)
+    with torch.no_grad():
+        model.policy_head.bias[FIRE] = 100.0
+    path = _save(tmp_path, spec, model)
+    agent, loaded_spec = load_policy_agent(path, device="cpu")
+
+    # Without the mask the model would always fire: the test can fail.
+    env = make_env(loaded_spec)
+    observation, _ = env.reset(seed=0)
+    env.close()
+    assert PolicyAgent(agent.model, None).act(None, observation) == FIRE
+
+    recording = Recording(agent)
+    evaluate(recording, loaded_spec, EvalConfig(episodes=2, max_steps=30))
+    played = [a for episode in recording.episodes for a in episode]
+    assert len(played) == 60
+    assert FIRE not in played
+
+
+@pytest.mark.parametrize(
+    ("action", "message"),
+    [(FIRE, "forbidden action FIRE"), (99, "actions 0..5"), ("left", "not an action index")],
+)
+def test_agent_returning_a_bad_action_makes_evaluate_raise(action: Any, message: str) -> None:
+    spec = EnvSpec(game="pong", forbidden_actions=("FIRE",))
+    with pytest.raises(AgentActionError, match=message):
+        evaluate(Constant(action), spec, EvalConfig(episodes=1, max_steps=10))
+
+
+def test_numpy_integer_actions_are_accepted() -> None:
+    result = evaluate(Constant(np.int64(3)), EnvSpec(game="pong"),
+                      EvalConfig(episodes=1, max_steps=5))
+    assert result.lengths == [5]
+
+
+def test_gif_video_of_the_first_episode(tmp_path: Path) -> None:
+    spec = EnvSpec(game="pong")
+    video = tmp_path / "videos" / "pong.gif"
+    evaluate(Constant(3), spec, EvalConfig(episodes=2, max_steps=30, seed=4, video=video))
+    assert _leftovers(video.parent) == []
+    with Image.open(video) as gif:
+        assert gif.format == "GIF"
+        assert gif.n_frames > 1
+        assert gif.size == (320, 420)  # 160x210 screen, upscaled 2x
+        first = np.asarray(gif.convert("RGB"))
+    env = make_env(spec.for_evaluation(), render_mode="rgb_array")
+    env.reset(seed=4)
+    screen = env.unwrapped.render()
+    env.close()
+    np.testing.assert_array_equal(first, screen.repeat(2, axis=0).repeat(2, axis=1))
+
+
+def test_mp4_video(tmp_path: Path) -> None:
+    imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
+    video = tmp_path / "pong.MP4"
+    evaluate(Constant(2), EnvSpec(game="pong"), EvalConfig(episodes=2, max_steps=25, video=video))
+    assert _leftovers(tmp_path) == []
+    reader = imageio_ffmpeg.read_frames(str(video))
+    meta = next(reader)
+    frames = sum(1 for _ in reader)
+    assert meta["codec"] == "h264"
+    assert tuple(meta["size"]) == (320, 420)
+    assert meta["fps"] == pytest.approx(15.0)
+    assert frames == 26  # the reset screen and one per step
+
+
+def test_mp4_without_imageio_ffmpeg_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # import now fails
+    video = tmp_path / "pong.mp4"
+    with pytest.raises(ConfigError, match=r"imageio-ffmpeg.*\.gif"):
+        evaluate(Constant(0), EnvSpec(game="pong"), EvalConfig(episodes=1, max_steps=5,
+                                                                video=video))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", [".gif", ".mp4"])
+def test_a_crash_leaves_no_half_written_video(tmp_path: Path, suffix: str) -> None:
+    if suffix == ".mp4":
+        pytest.importorskip("imageio_ffmpeg")
+    video = tmp_path / f"pong{suffix}"
+    video.write_bytes(b"previous video")
+    with pytest.raises(RuntimeError, match="agent crashed"):
+        evaluate(CrashAfter(10), EnvSpec(game="pong"),
+                 EvalConfig(episodes=1, max_steps=30, video=video))
+    assert video.read_bytes() == b"previous video"
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["pong.avi", "pong", "pong.gif.txt"])
+def test_bad_video_extension_is_a_config_error(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ConfigError, match=r"\.gif or \.mp4"):
+        EvalConfig(video=tmp_path / name)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"episodes": 0}, {"episodes": 1.5}, {"seed": -1}, {"max_steps": 0}]
+)
+def test_bad_config_values_are_config_errors(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        EvalConfig(**kwargs)
+
+
+def test_progress_bar_shows_the_last_score(capsys: pytest.CaptureFixture[str]) -> None:
+    evaluate(Constant(0), EnvSpec(game="pong"), EvalConfig(episodes=2, max_steps=5,
+                                                            progress=True))
+    err = capsys.readouterr().err
+    assert "2/2" in err and "score=" in err
+
+
+def test_checkpoint_for_other_actions_is_refused(tmp_path: Path) -> None:
+    spec = EnvSpec(game="pong")
+    model = PPOModel(spec.observation_shape, 4)
+    checkpoint = Checkpoint.from_model(
+        model, stage="scratch", action_meanings=["NOOP", "FIRE", "RIGHT", "LEFT"],
+        action_mask=[True] * 4, env_spec=spec.to_dict(),
+    )
+    path = save_checkpoint(tmp_path / "other.pt", checkpoint)
+    with pytest.raises(CheckpointError, match="actions"):
+        load_policy_agent(path, device="cpu")
+
+
+def test_eval_result_statistics() -> None:
+    result = EvalResult(scores=[1.0, -2.0, 3.0, 6.0], lengths=[10, 20, 30, 40])
+    assert result.episodes == 4
+    assert result.mean == 2.0
+    assert result.std == pytest.approx(math.sqrt(8.5))  # deviations -1, -4, 1, 4
+    assert (result.min, result.max) == (-2.0, 6.0)
+    assert result.mean_length == 25.0
+    assert result.std_length == pytest.approx(math.sqrt(125.0))
+    assert (result.min_length, result.max_length) == (10, 40)
+    data = result.to_dict()
+    assert data["scores"] == [1.0, -2.0, 3.0, 6.0]
+    assert data["lengths"] == [10, 20, 30, 40]
+    assert data["mean"] == 2.0 and data["max"] == 6.0 and data["mean_length"] == 25.0
+    assert math.isnan(EvalResult().mean)
+    with pytest.raises(ValueError):
+        EvalResult(scores=[1.0], lengths=[])
+
+
+def test_format_table_has_a_row_per_agent() -> None:
+    table = format_table({
+        "checkpoint": EvalResult(scores=[1.0, -2.0, 3.0, 6.0], lengths=[10, 20, 30, 40]),
+        "scripted": EvalResult(scores=[-21.0], lengths=[764]),
+    })
+    lines = table.splitlines()
+    assert lines[0].split() == ["agent", "episodes", "mean", "std", "min", "max", "mean",
+                                "length"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    assert rows["checkpoint"] == ["4", "2.0", "2.9", "-2.0", "6.0", "25.0"]
+    assert rows["scripted"] == ["1", "-21.0", "0.0", "-21.0", "-21.0", "764.0"]
