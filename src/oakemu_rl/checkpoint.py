@@ -111,7 +111,7 @@ class Checkpoint:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 _PLAIN = (str, int, float, bool, type(None))

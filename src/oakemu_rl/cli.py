@@ -370,9 +370,11 @@ def ppo(**options) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--video", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Save the first episode as .mp4 or .gif.")
+@click.option("--onnx", "onnx_path", type=click.Path(path_type=str), default=None,
+              help="Also (or instead) play an exported .onnx policy through onnxruntime.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the scores as JSON.")
-def test(checkpoint: str | None, demonstrator: str | None, episodes: int,
+def test(checkpoint: str | None, demonstrator: str | None, onnx_path: str | None, episodes: int,
          max_steps: int | None, seed: int, video: str | None, device: str, as_json: bool,
          **spec_options) -> None:
     """Score a checkpoint by greedy play (argmax of the masked logits).
@@ -380,20 +382,30 @@ def test(checkpoint: str | None, demonstrator: str | None, episodes: int,
     With --demonstrator scripted the scripted player is scored the same way, on the
     checkpoint's game when a checkpoint is given, so both land in one table.
     """
+    import dataclasses
     from pathlib import Path
 
     from .tester import EvalConfig, evaluate, format_table, load_policy_agent
 
-    if checkpoint is None and demonstrator is None:
-        raise OakEmuError("give a CHECKPOINT to test, or --demonstrator scripted")
+    if checkpoint is None and demonstrator is None and onnx_path is None:
+        raise OakEmuError("give a CHECKPOINT to test, --onnx MODEL, or --demonstrator scripted")
     config = EvalConfig(episodes=episodes, seed=seed, max_steps=max_steps,
-                        video=Path(video) if video else None)
+                        video=Path(video) if video else None, progress=not as_json)
     results = {}
     spec = None
     if checkpoint is not None:
         agent, spec = load_policy_agent(checkpoint, device=device)
         results["checkpoint"] = evaluate(agent, spec, config)
-        config = EvalConfig(episodes=episodes, seed=seed, max_steps=max_steps, video=None)
+        config = dataclasses.replace(config, video=None)
+    if onnx_path is not None:
+        from .export import load_onnx_agent
+
+        agent, onnx_spec = load_onnx_agent(onnx_path)
+        if spec is not None and not onnx_spec.same_frames_as(spec):
+            raise OakEmuError(f"{onnx_path} was exported for another env spec than {checkpoint}")
+        spec = onnx_spec
+        results["onnx"] = evaluate(agent, spec, config)
+        config = dataclasses.replace(config, video=None)
     if demonstrator == "scripted":
         from .demos.scripted import make_demonstrator
 
@@ -413,10 +425,28 @@ def export() -> None:
     """Ship a policy."""
 
 
-@export.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def onnx() -> None:
-    """Export the policy to ONNX."""
-    _not_built("export onnx")
+@export.command("onnx")
+@click.argument("checkpoint", type=click.Path(path_type=str))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=str), required=True,
+              help="The .onnx file to write.")
+@click.option("--opset", type=int, default=None, help="ONNX opset (default 17).")
+@click.option("--verify-frames", type=click.IntRange(1), default=64, show_default=True,
+              help="Real emulator frames on which onnxruntime is checked against torch.")
+@click.option("--tolerance", type=float, default=1e-4, show_default=True,
+              help="Largest allowed |logit difference| between onnxruntime and torch.")
+def onnx(checkpoint: str, out: str, opset: int | None, verify_frames: int,
+         tolerance: float) -> None:
+    """Export the policy's logits (uint8 frames in, dynamic batch) to one ONNX file.
+
+    The file carries the action meanings, mask and env spec in its metadata, and is only
+    written once onnxruntime agrees with torch on real emulator frames.
+    """
+    from .export import export_onnx
+
+    report = export_onnx(checkpoint, out, opset=opset, verify_frames=verify_frames,
+                         tolerance=tolerance)
+    click.echo(report.summary())
+    click.echo(f"wrote {report.path} ({report.bytes / 2**20:.1f} MiB, opset {report.opset})")
 
 
 @cli.group(cls=_Group)
@@ -424,10 +454,34 @@ def pipeline() -> None:
     """Run a pipelines/*.toml end to end."""
 
 
-@pipeline.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def run() -> None:
-    """Run every stage of a pipeline file."""
-    _not_built("pipeline run")
+@pipeline.command("run")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=str),
+                default="pipelines/pong.toml")
+@click.option("--run-dir", default=None, help="Run directory (default data/runs/NAME).")
+@click.option("--force", multiple=True, metavar="STAGE",
+              help="Redo this stage and the ones after it: record, bc, calibrate, ppo, test.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def run(file: str, run_dir: str | None, force: tuple[str, ...], progress: bool) -> None:
+    """Run record → bc → calibrate → ppo → test from a pipeline FILE in one run directory.
+
+    Stages whose output exists and was made from the same settings are skipped, so a
+    re-run after a crash or Ctrl-C continues where it stopped.
+    """
+    import time
+    from pathlib import Path
+
+    from .pipeline import PipelineRun, load_pipeline, summary_table, write_report
+    from .runs import runs_root
+
+    pipeline_def = load_pipeline(file)
+    target = Path(run_dir) if run_dir else runs_root() / pipeline_def.name
+    started = time.perf_counter()
+    runner = PipelineRun(pipeline_def, target, force=force, progress=progress)
+    results = runner.run()
+    report = write_report(runner.run_dir, pipeline_def, results)
+    click.echo(summary_table(results))
+    minutes = (time.perf_counter() - started) / 60
+    click.echo(f"\nreport: {report}  ({minutes:.1f} min this run)")
 
 
 def main() -> None:

@@ -63,13 +63,14 @@ def plot_value_scatter(predicted: np.ndarray, target: np.ndarray, explained: flo
     return _save(plt, fig, path)
 
 
-def plot_curve(xs: Sequence[float], series: dict[str, Sequence[float]], path: Path, *,
-               xlabel: str, ylabel: str, title: str) -> Path:
-    """One or more lines against a shared x axis."""
+def plot_learning_curve(series: dict[str, Sequence[tuple[float, float]]], path: Path, *,
+                        title: str = "PPO learning curve") -> Path:
+    """Game score against agent steps; each series has its own (step, score) points."""
     plt, fig, (ax,) = _figure(1)
-    for label, ys in series.items():
-        ax.plot(xs[: len(ys)], ys, "o-", ms=3, label=label)
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    for label, points in series.items():
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", ms=3, label=label)
+    ax.set(xlabel="agent steps", ylabel="game score", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(plt, fig, path)

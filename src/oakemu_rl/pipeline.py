@@ -1,0 +1,397 @@
+"""`oakemu pipeline run FILE.toml`: record → bc → calibrate → ppo → test in one run directory.
+
+A pipeline file names the env spec, where demos come from, and each stage's settings
+(the fields of `BCConfig`, `CalibrateConfig`, `PPOConfig`; unknown keys and wrong types
+are errors naming the key). Each stage's output is recorded in `pipeline_state.json` with
+a fingerprint of everything that made it (its settings and its inputs' fingerprints): a
+re-run skips stages whose output exists with the same fingerprint, so a crash or Ctrl-C
+costs only the stage in progress, and `--force STAGE` redoes one (and what follows it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import runs
+from .bootstrap.bc import BCConfig, train_bc
+from .bootstrap.calibrate import CalibrateConfig, calibrate
+from .checkpoint import load_checkpoint
+from .envs import EnvSpec
+from .errors import ConfigError, OakEmuError
+from .finetune.ppo import PPOConfig, finetune_ppo
+from .fsutil import atomic_write_text
+
+STAGES = ("record", "bc", "calibrate", "ppo", "test")
+STATE_FILE = "pipeline_state.json"
+
+
+@dataclass(frozen=True)
+class DemoSource:
+    """Where the demos come from: an existing file, or the scripted demonstrator."""
+
+    path: str | None = None
+    """An existing demo file (used as is)."""
+    episodes: int = 10
+    """Episodes the scripted demonstrator records when `path` is not given."""
+    noise: float = 0.0
+    """Scripted demonstrator: chance per step of a random allowed action."""
+    max_steps: int | None = None
+    """Cut each recorded episode after this many agent steps."""
+    seed: int = 0
+    """Seed of the first recorded episode."""
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """The final greedy test."""
+
+    episodes: int = 5
+    """Greedy episodes per scored agent."""
+    max_steps: int | None = None
+    """Cut each test episode after this many agent steps."""
+    seed: int = 1000
+    """Seed of the first test episode."""
+    demonstrator: bool = True
+    """Also score the scripted demonstrator (when the game has one)."""
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    env: EnvSpec
+    demos: DemoSource
+    bc: dict[str, Any] = field(default_factory=dict)
+    calibrate: dict[str, Any] = field(default_factory=dict)
+    ppo: dict[str, Any] = field(default_factory=dict)
+    evaluate: EvalSettings = field(default_factory=EvalSettings)
+    device: str = "auto"
+
+
+# -- loading and validation ----------------------------------------------------------------
+
+_STAGE_FIXED = {
+    "bc": {"demos", "run_dir", "progress", "device"},
+    "calibrate": {"run_dir", "checkpoint", "progress", "device"},
+    "ppo": {"run_dir", "checkpoint", "resume", "progress", "device"},
+}
+
+
+def _check_value(where: str, annotation: Any, value: Any) -> Any:
+    """Check a TOML value against a dataclass field's annotation; return it converted."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _check_value(where, inner[0], value)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list")
+        return tuple(_check_value(f"{where}[{i}]", args[0], v) for i, v in enumerate(value))
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where} has a type this file cannot set")
+
+
+def _fields(cls: type, table: Any, where: str, fixed: set[str] = frozenset()) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{where}] must be a table")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)} - set(fixed)
+    out = {}
+    for key, value in table.items():
+        if key not in names:
+            raise ConfigError(f"unknown key {where}.{key} (known: {', '.join(sorted(names))})")
+        out[key] = _check_value(f"{where}.{key}", hints[key], value)
+    return out
+
+
+def load_pipeline(path: str | Path) -> Pipeline:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"pipeline file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read pipeline file {path}: {error}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"pipeline file {path} is not valid TOML: {error}") from None
+    known = {"name", "device", "env", "demos", "bc", "calibrate", "ppo", "evaluate"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]} (known: {', '.join(sorted(known))})")
+    try:
+        env_fields = _fields(EnvSpec, data.get("env", {}), "env")
+        env = EnvSpec(**env_fields)
+        demos = DemoSource(**_fields(DemoSource, data.get("demos", {}), "demos"))
+        stages = {
+            "bc": _fields(BCConfig, data.get("bc", {}), "bc", _STAGE_FIXED["bc"]),
+            "calibrate": _fields(CalibrateConfig, data.get("calibrate", {}), "calibrate",
+                                 _STAGE_FIXED["calibrate"]),
+            "ppo": _fields(PPOConfig, data.get("ppo", {}), "ppo", _STAGE_FIXED["ppo"]),
+        }
+        evaluate = EvalSettings(**_fields(EvalSettings, data.get("evaluate", {}), "evaluate"))
+        # Build each stage's config once now, so a bad value fails before any work starts.
+        BCConfig(demos=("x.h5",), **stages["bc"])
+        CalibrateConfig(**stages["calibrate"])
+        PPOConfig(**stages["ppo"])
+    except OakEmuError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    name = data.get("name", path.stem)
+    if not isinstance(name, str):
+        raise ConfigError(f"{path}: name must be a string")
+    device = data.get("device", "auto")
+    if not isinstance(device, str):
+        raise ConfigError(f"{path}: device must be a string")
+    return Pipeline(name=name, env=env, demos=demos, evaluate=evaluate, device=device,
+                    **stages)
+
+
+# -- state ------------------------------------------------------------------------------------
+
+
+def _fingerprint(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _read_state(run_dir: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((run_dir / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+@dataclass
+class StageResult:
+    stage: str
+    output: str
+    fingerprint: str
+    wall_seconds: float
+    skipped: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class PipelineRun:
+    """Runs the stages of `pipeline` in `run_dir`, skipping up-to-date ones."""
+
+    def __init__(self, pipeline: Pipeline, run_dir: Path, force: tuple[str, ...] = (),
+                 progress: bool = True) -> None:
+        self.pipeline = pipeline
+        self.run_dir = runs.prepare_run_dir(run_dir, pipeline.env.game)
+        self.force = set(force)
+        self.progress = progress
+        self.state = _read_state(self.run_dir)
+        self.results: dict[str, StageResult] = {}
+        unknown = self.force - set(STAGES)
+        if unknown:
+            raise ConfigError(f"--force takes one of {', '.join(STAGES)}, got {sorted(unknown)}")
+
+    def _say(self, text: str) -> None:
+        if self.progress:
+            from tqdm import tqdm
+
+            tqdm.write(text)
+
+    def _stage(self, stage: str, settings: Any, upstream: list[str], output: Path,
+               work) -> StageResult:
+        fingerprint = _fingerprint(stage, settings, [self.results[u].fingerprint
+                                                     for u in upstream])
+        previous = self.state.get(stage, {})
+        redo = stage in self.force or any(not self.results[u].skipped for u in upstream)
+        if not redo and previous.get("fingerprint") == fingerprint and output.exists():
+            self._say(f"[{stage}] up to date: {output}")
+            result = StageResult(stage, str(output), fingerprint,
+                                 float(previous.get("wall_seconds", 0.0)), True,
+                                 previous.get("info", {}))
+        else:
+            self._say(f"[{stage}] running")
+            start = time.perf_counter()
+            info = work() or {}
+            result = StageResult(stage, str(output), fingerprint, time.perf_counter() - start,
+                                 False, info)
+            self.state[stage] = dataclasses.asdict(result)
+            atomic_write_text(self.run_dir / STATE_FILE, json.dumps(self.state, indent=2))
+        self.results[stage] = result
+        return result
+
+    def run(self) -> dict[str, StageResult]:
+        p = self.pipeline
+        spec = p.env.for_evaluation()
+        demo_path = Path(p.demos.path) if p.demos.path else self.run_dir / "demos.h5"
+
+        def record_demos() -> dict[str, Any]:
+            from .demos.record import RecordConfig, record
+            from .demos.scripted import make_demonstrator
+
+            if demo_path.exists():  # a stale or partial recording of a changed config
+                demo_path.unlink()
+            agent = make_demonstrator(spec, seed=p.demos.seed, noise=p.demos.noise)
+            result = record(RecordConfig(out=demo_path, spec=spec, episodes=p.demos.episodes,
+                                         seed=p.demos.seed, max_steps=p.demos.max_steps,
+                                         progress=self.progress), agent)
+            returns = [e["return"] for e in result.episodes]
+            return {"episodes": len(returns), "steps": sum(e["length"] for e in result.episodes),
+                    "mean_return": sum(returns) / len(returns)}
+
+        if p.demos.path:
+            if not demo_path.exists():
+                raise ConfigError(f"demos.path {demo_path} does not exist")
+            stat = demo_path.stat()
+            settings: Any = {"path": str(demo_path.resolve()), "size": stat.st_size,
+                             "mtime": stat.st_mtime_ns}
+            self._stage("record", settings, [], demo_path, lambda: None)
+        else:
+            self._stage("record", [dataclasses.asdict(p.demos), spec.to_dict()], [], demo_path,
+                        record_demos)
+
+        bc_config = BCConfig(demos=(str(demo_path),), run_dir=str(self.run_dir),
+                             device=p.device, progress=self.progress, **p.bc)
+        self._stage("bc", p.bc, ["record"], self.run_dir / "bc.pt",
+                    lambda: self._steps(train_bc(bc_config)))
+        cal_config = CalibrateConfig(run_dir=str(self.run_dir), device=p.device,
+                                     progress=self.progress, **p.calibrate)
+        self._stage("calibrate", p.calibrate, ["bc"], self.run_dir / "calibrated.pt",
+                    lambda: self._steps(calibrate(cal_config)))
+        ppo_config = PPOConfig(run_dir=str(self.run_dir), device=p.device,
+                               progress=self.progress, **p.ppo)
+        resume = (self.run_dir / "ppo_last.pt").exists() and "ppo" not in self.force \
+            and self.results["calibrate"].skipped \
+            and self.state.get("ppo_started") == _fingerprint(
+                "ppo", p.ppo, [self.results["calibrate"].fingerprint])
+
+        def run_ppo() -> dict[str, Any]:
+            self.state["ppo_started"] = _fingerprint(
+                "ppo", p.ppo, [self.results["calibrate"].fingerprint])
+            atomic_write_text(self.run_dir / STATE_FILE, json.dumps(self.state, indent=2))
+            config = dataclasses.replace(ppo_config, resume=resume)
+            return self._steps(finetune_ppo(config))
+
+        self._stage("ppo", p.ppo, ["calibrate"], self.run_dir / "ppo.pt", run_ppo)
+        self._stage("test", dataclasses.asdict(p.evaluate), ["ppo"],
+                    self.run_dir / "test.json", self._test)
+        return self.results
+
+    @staticmethod
+    def _steps(path: Path) -> dict[str, Any]:
+        checkpoint = load_checkpoint(path)
+        info: dict[str, Any] = {"steps": checkpoint.steps}
+        calibration = checkpoint.extra.get("calibration")
+        if calibration:
+            info["explained_variance"] = calibration.get("explained_variance")
+            info["initial_explained_variance"] = calibration.get("initial_explained_variance")
+        return info
+
+    def _test(self) -> dict[str, Any]:
+        from .tester import EvalConfig, evaluate, load_policy_agent
+
+        p = self.pipeline
+        config = EvalConfig(episodes=p.evaluate.episodes, seed=p.evaluate.seed,
+                            max_steps=p.evaluate.max_steps, progress=self.progress)
+        scores: dict[str, Any] = {}
+        for stage, name in (("bc", "bc.pt"), ("calibrate", "calibrated.pt"), ("ppo", "ppo.pt")):
+            agent, spec = load_policy_agent(self.run_dir / name, device=p.device)
+            scores[stage] = evaluate(agent, spec, config).to_dict()
+        if p.evaluate.demonstrator:
+            from .demos.scripted import SCRIPTED_GAMES, make_demonstrator
+
+            spec = p.env.for_evaluation()
+            if spec.game in SCRIPTED_GAMES:
+                agent = make_demonstrator(spec, seed=p.evaluate.seed)
+                scores["demonstrator"] = evaluate(agent, spec, config).to_dict()
+        atomic_write_text(self.run_dir / "test.json", json.dumps(scores, indent=2))
+        return {"scores": {k: v["mean"] for k, v in scores.items()}}
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+_STAGE_STEPS = {
+    "bc": ("epochs", "samples"),
+    "calibrate": ("calibrate_iterations", "calibrate_env_steps"),
+    "ppo": ("updates", "global_step"),
+}
+
+
+def summary_table(results: dict[str, StageResult]) -> str:
+    """Scores, calibration and per-stage steps and wall time, as aligned text."""
+    scores = results["test"].info.get("scores", {}) if "test" in results else {}
+    lines = ["agent          greedy score"]
+    for name in ("demonstrator", "bc", "calibrate", "ppo"):
+        if name in scores:
+            label = {"calibrate": "calibrated"}.get(name, name)
+            lines.append(f"{label:<14} {scores[name]:+9.2f}")
+    cal = results.get("calibrate")
+    if cal and cal.info.get("explained_variance") is not None:
+        lines.append("")
+        lines.append(f"calibration explained variance {cal.info['initial_explained_variance']:.3f}"
+                     f" -> {cal.info['explained_variance']:.3f} (held-out)")
+    lines.append("")
+    lines.append("stage       wall time   steps")
+    for stage in STAGES:
+        r = results.get(stage)
+        if r is None:
+            continue
+        steps = ""
+        if isinstance(r.info.get("steps"), dict):
+            own = {k: v for k, v in r.info["steps"].items() if k in _STAGE_STEPS.get(stage, ())}
+            steps = ", ".join(f"{k}={v:,}" for k, v in own.items())
+        elif stage == "record" and r.info:
+            steps = f"{r.info['episodes']} episodes, {r.info['steps']:,} steps"
+        note = " (up to date)" if r.skipped else ""
+        lines.append(f"{stage:<10} {r.wall_seconds:8.0f}s   {steps}{note}")
+    return "\n".join(lines)
+
+
+def write_report(run_dir: Path, pipeline: Pipeline, results: dict[str, StageResult]) -> Path:
+    """report.md with the summary table and PNG plots, beside the checkpoints."""
+    from .metrics import read_metrics
+    from .plots import plot_learning_curve
+
+    images = []
+    ppo_metrics = run_dir / "ppo_metrics.jsonl"
+    if ppo_metrics.exists():
+        records = read_metrics(ppo_metrics)
+        series = {
+            label: [(r["step"], r[key]) for r in records if r.get(key) is not None]
+            for label, key in (("training episodes (sampled actions)", "charts/episodic_return"),
+                               ("greedy evaluation", "eval/greedy_return"))
+        }
+        if any(series.values()):
+            plot_learning_curve(series, run_dir / "ppo_curve.png")
+            images.append(("PPO learning curve", "ppo_curve.png"))
+    for title, name in (("BC train/validation curves", "bc_curves.png"),
+                        ("Calibration: predicted value vs return", "calibration_scatter.png")):
+        if (run_dir / name).exists():
+            images.append((title, name))
+    body = [f"# {pipeline.name}: {pipeline.env.env_id}", "", "```", summary_table(results),
+            "```", ""]
+    for title, name in images:
+        body += [f"## {title}", "", f"![{title}]({name})", ""]
+    path = run_dir / "report.md"
+    atomic_write_text(path, "\n".join(body))
+    return path

@@ -1,0 +1,158 @@
+"""`oakemu record`, `oakemu demos` and `oakemu test` as a user runs them (real emulator)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from oakemu_rl import PPOModel, PPOModelConfiguration
+from oakemu_rl.checkpoint import Checkpoint, save_checkpoint
+from oakemu_rl.cli import cli
+from oakemu_rl.demos import DemoFile, validate_demo_file
+from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
+
+SMALL = PPOModelConfiguration(conv_layers=((8, 8, 4), (16, 4, 2)), fc_hidden=(32,))
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.fixture
+def scripted_file(tmp_path: Path) -> Path:
+    out = tmp_path / "pong.h5"
+    result = invoke("record", "--demonstrator", "scripted", "--game", "pong", "--episodes", "2",
+                    "--max-steps", "40", "--out", str(out), "--seed", "3")
+    assert result.exit_code == 0, result.output
+    assert "wrote 2 episode(s)" in result.output
+    return out
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    spec = EnvSpec(game="pong")
+    model = PPOModel(spec.observation_shape, 6, SMALL)
+    ckpt = Checkpoint.from_model(model, stage="bc", action_meanings=list(action_meanings("pong")),
+                                 action_mask=action_mask(spec).tolist(), env_spec=spec.to_dict())
+    return save_checkpoint(tmp_path / "bc.pt", ckpt)
+
+
+def test_scripted_recording_is_a_valid_file(scripted_file: Path) -> None:
+    with validate_demo_file(scripted_file) as demo:
+        assert [e.length for e in demo.episodes] == [40, 40]
+        assert all(e.recorder == "scripted" and e.truncated for e in demo.episodes)
+        assert [e.seed for e in demo.episodes] == [3, 4]
+        assert demo.spec == EnvSpec(game="pong")
+
+
+def test_appending_with_another_spec_is_refused(scripted_file: Path) -> None:
+    before = scripted_file.read_bytes()
+    result = invoke("record", "--demonstrator", "scripted", "--episodes", "1", "--max-steps",
+                    "10", "--sticky", "0", "--out", str(scripted_file))
+    assert result.exit_code != 0
+    assert len(result.output.strip().splitlines()) == 1
+    assert "different env spec" in result.output and "repeat_action_probability" in result.output
+    assert scripted_file.read_bytes() == before
+
+
+def test_appending_with_the_same_spec_continues(scripted_file: Path) -> None:
+    result = invoke("record", "--demonstrator", "scripted", "--episodes", "1", "--max-steps",
+                    "10", "--out", str(scripted_file))
+    assert result.exit_code == 0, result.output
+    with DemoFile(scripted_file) as demo:
+        assert [e.name for e in demo.episodes] == ["demo_0", "demo_1", "demo_2"]
+
+
+def test_demos_info_validate_and_merge(scripted_file: Path, tmp_path: Path) -> None:
+    result = invoke("demos", "info", str(scripted_file))
+    assert result.exit_code == 0, result.output
+    assert "episodes    2 (scripted)" in result.output and "steps       80" in result.output
+    assert "ALE/Pong-v5" in result.output and "bytes/frame" in result.output
+    summary = json.loads(invoke("demos", "info", "--json", str(scripted_file)).stdout)
+    assert sum(summary["action_histogram"].values()) == 80
+
+    result = invoke("demos", "validate", str(scripted_file))
+    assert result.exit_code == 0 and "valid, 2 episodes, 80 steps" in result.output
+
+    merged = tmp_path / "merged.h5"
+    result = invoke("demos", "merge", str(merged), str(scripted_file), str(scripted_file))
+    assert result.exit_code == 0, result.output
+    with DemoFile(merged) as demo:
+        assert len(demo.episodes) == 4 and demo.num_steps == 160
+
+
+def test_demos_commands_on_a_bad_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(b"not hdf5 at all")
+    for args in (["demos", "info", str(bad)], ["demos", "validate", str(bad)],
+                 ["bootstrap", "bc", str(bad)]):
+        result = invoke(*args)
+        assert result.exit_code != 0
+        assert result.output.strip().splitlines() == [
+            f"Error: {bad} is not a readable HDF5 file (truncated, corrupt or another format)"
+        ], args
+
+
+def test_record_a_policy(checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "policy.h5"
+    result = invoke("record", "--policy", str(checkpoint), "--episodes", "1", "--max-steps",
+                    "20", "--out", str(out), "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    with DemoFile(out) as demo:
+        assert demo.episodes[0].recorder == "policy" and demo.episodes[0].length == 20
+
+
+def test_test_command_compares_checkpoint_and_scripted(checkpoint: Path) -> None:
+    result = invoke("test", str(checkpoint), "--demonstrator", "scripted", "--episodes", "2",
+                    "--max-steps", "30", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split() for line in result.output.splitlines()[1:]
+            if line and line.split()[0] in ("checkpoint", "scripted")}
+    assert set(rows) == {"checkpoint", "scripted"}
+    assert rows["checkpoint"][1] == "2" and rows["scripted"][-1] == "30.0"
+    data = json.loads(invoke("test", str(checkpoint), "--episodes", "1", "--max-steps", "10",
+                             "--json", "--device", "cpu").stdout)
+    assert data["checkpoint"]["lengths"] == [10]
+
+
+def test_test_command_needs_something_to_test() -> None:
+    result = invoke("test")
+    assert result.exit_code != 0 and "give a CHECKPOINT to test, --onnx MODEL" in result.output
+
+
+def test_keyboard_recording_without_a_display_is_one_clear_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "oakemu_rl", "record", "--out", str(tmp_path / "k.h5")],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no display found" in lines[0], proc.stderr
+    assert not (tmp_path / "k.h5").exists()
+
+
+def test_export_onnx_then_play_it(checkpoint: Path, tmp_path: Path) -> None:
+    model = tmp_path / "policy.onnx"
+    result = invoke("export", "onnx", str(checkpoint), "--out", str(model),
+                    "--verify-frames", "16")
+    assert result.exit_code == 0, result.output
+    assert "verified onnxruntime against torch on 16 real Pong frames" in result.output
+    assert model.exists()
+    result = invoke("test", str(checkpoint), "--onnx", str(model), "--episodes", "1",
+                    "--max-steps", "25", "--json", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    scores = json.loads(result.stdout)
+    # The same greedy policy through torch and through onnxruntime plays the same game.
+    assert scores["onnx"]["scores"] == scores["checkpoint"]["scores"]
+    assert scores["onnx"]["lengths"] == [25]
