@@ -75,6 +75,14 @@ class PPOModelConfiguration:
         return cls(**data)
 
 
+ARCHITECTURES: dict[str, PPOModelConfiguration] = {
+    "nature": PPOModelConfiguration(),
+    "small": PPOModelConfiguration(conv_layers=((16, 8, 4), (32, 4, 2)), fc_hidden=(256,)),
+    "tiny": PPOModelConfiguration(conv_layers=((8, 8, 4), (16, 4, 2)), fc_hidden=(64,)),
+}
+"""Named configurations: the Nature-DQN default, and smaller ones for quick CPU runs."""
+
+
 class PPOActionBundle(NamedTuple):
     """What the policy says about a batch of states; every field has shape (batch,)."""
 

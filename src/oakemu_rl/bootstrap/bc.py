@@ -26,7 +26,7 @@ from ..demos import DemoFile
 from ..envs import EnvSpec
 from ..errors import ConfigError, DemoFileError, OakEmuError
 from ..metrics import MetricsLogger
-from ..model import PPOModel, PPOModelConfiguration
+from ..model import ARCHITECTURES, PPOModel
 from ..plots import plot_bc_curves
 from .data import DemoDataset, split_episodes
 
@@ -77,6 +77,8 @@ class BCConfig:
     """DataLoader worker processes reading the HDF5 files."""
     checkpoint: str | None = None
     """Start from this checkpoint's weights instead of a fresh model (same spec)."""
+    architecture: str = "nature"
+    """Fresh model size: nature (the Nature-DQN trunk), small or tiny (quick CPU runs)."""
     progress: bool = True
     """Show tqdm bars."""
 
@@ -94,6 +96,8 @@ class BCConfig:
         for name, ok in checks:
             if not ok:
                 raise ConfigError(f"bc option {name}={getattr(self, name)!r} is out of range")
+        if self.architecture not in ARCHITECTURES:
+            raise ConfigError(f"bc option architecture must be one of {sorted(ARCHITECTURES)}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"bc option lr_schedule must be one of {LR_SCHEDULES}")
         if not self.demos:
@@ -313,7 +317,7 @@ def train_bc(config: BCConfig) -> Path:
 
 def _initial_model(config: BCConfig, spec: EnvSpec, meanings: list[str]) -> PPOModel:
     if config.checkpoint is None:
-        return PPOModel(spec.observation_shape, len(meanings), PPOModelConfiguration())
+        return PPOModel(spec.observation_shape, len(meanings), ARCHITECTURES[config.architecture])
     checkpoint = load_checkpoint(config.checkpoint)
     start_spec = EnvSpec.from_dict(checkpoint.env_spec)
     if not start_spec.same_frames_as(spec) or checkpoint.action_meanings != meanings:

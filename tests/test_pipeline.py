@@ -1,0 +1,153 @@
+"""`oakemu pipeline run`: a tiny preset end to end, resumption, and config errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from oakemu_rl.checkpoint import load_checkpoint
+from oakemu_rl.cli import cli
+from oakemu_rl.errors import ConfigError
+from oakemu_rl.pipeline import load_pipeline
+
+TINY = """
+name = "tiny"
+
+[env]
+game = "pong"
+
+[demos]
+episodes = 2
+max_steps = 60
+
+[bc]
+epochs = 1
+batch_size = 32
+architecture = "tiny"
+
+[calibrate]
+num_envs = 2
+holdout_envs = 1
+num_steps = 16
+iterations = 1
+
+[ppo]
+total_steps = 64
+num_envs = 2
+num_steps = 16
+warmup_updates = 1
+warmup_ramp_updates = 1
+eval_episodes = 0
+checkpoint_every = 1
+
+[evaluate]
+episodes = 1
+max_steps = 30
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "tiny.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, ["pipeline", "run", *args, "--no-progress"])
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[Path, Path, str]:
+    tmp_path = tmp_path_factory.mktemp("pipeline")
+    config = write(tmp_path, TINY)
+    run_dir = tmp_path / "run"
+    result = run(str(config), "--run-dir", str(run_dir))
+    assert result.exit_code == 0, result.output
+    return config, run_dir, result.output
+
+
+def test_every_stage_runs_and_reports(finished) -> None:
+    _, run_dir, output = finished
+    for name in ("demos.h5", "bc.pt", "calibrated.pt", "ppo.pt", "test.json", "report.md",
+                 "bc_curves.png", "calibration_scatter.png", "pipeline_state.json"):
+        assert (run_dir / name).exists(), name
+    assert load_checkpoint(run_dir / "ppo.pt").steps["global_step"] == 64
+    scores = json.loads((run_dir / "test.json").read_text())
+    assert set(scores) == {"bc", "calibrate", "ppo", "demonstrator"}
+    assert all(s["lengths"] == [30] for s in scores.values())
+    for line in ("demonstrator", "bc ", "calibrated", "ppo ", "calibration explained variance",
+                 "record", "wall time"):
+        assert line in output, line
+    report = (run_dir / "report.md").read_text()
+    assert "![BC train/validation curves](bc_curves.png)" in report
+    assert "calibration explained variance" in report
+
+
+def test_rerun_skips_finished_stages(finished) -> None:
+    config, run_dir, _ = finished
+    before = {p: (run_dir / p).stat().st_mtime_ns for p in ("bc.pt", "calibrated.pt", "ppo.pt")}
+    result = run(str(config), "--run-dir", str(run_dir))
+    assert result.exit_code == 0, result.output
+    assert result.output.count("(up to date)") == 5
+    after = {p: (run_dir / p).stat().st_mtime_ns for p in before}
+    assert before == after
+
+
+def test_force_redoes_a_stage_and_what_follows(finished) -> None:
+    config, run_dir, _ = finished
+    bc_before = (run_dir / "bc.pt").stat().st_mtime_ns
+    ppo_before = (run_dir / "ppo.pt").stat().st_mtime_ns
+    result = run(str(config), "--run-dir", str(run_dir), "--force", "ppo")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("(up to date)") == 3  # record, bc, calibrate
+    assert (run_dir / "bc.pt").stat().st_mtime_ns == bc_before
+    assert (run_dir / "ppo.pt").stat().st_mtime_ns != ppo_before
+
+
+def test_a_changed_setting_reruns_from_that_stage(finished, tmp_path: Path) -> None:
+    _, run_dir, _ = finished
+    changed = write(tmp_path, TINY.replace("iterations = 1", "iterations = 2"))
+    result = run(str(changed), "--run-dir", str(run_dir))
+    assert result.exit_code == 0, result.output
+    assert result.output.count("(up to date)") == 2  # record and bc only
+    assert load_checkpoint(run_dir / "calibrated.pt").steps["calibrate_iterations"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("[bc]", "[bc]\nepochz = 3"), "unknown key bc.epochz"),
+        (("epochs = 1", 'epochs = "one"'), "bc.epochs must be an integer"),
+        (("game = \"pong\"", "game = \"pongg\""), "unknown game 'pongg'"),
+        (("[evaluate]", "[evalu]"), "unknown key evalu"),
+        (("num_envs = 2\nholdout_envs = 1", "num_envs = 2\nholdout_envs = 5"),
+         "holdout_envs=5 is out of range"),
+        (("warmup_updates = 1", "warmup_updates = true"), "ppo.warmup_updates must be an integer"),
+    ],
+)
+def test_config_errors_name_the_key(tmp_path: Path, edit, message) -> None:
+    path = write(tmp_path, TINY.replace(*edit, 1))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_pipeline(path)
+    result = run(str(path), "--run-dir", str(tmp_path / "run"))
+    assert result.exit_code != 0
+    assert len(result.output.strip().splitlines()) == 1 and message in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    result = run(str(write(tmp_path, "name = [")))
+    assert result.exit_code != 0 and "is not valid TOML" in result.output
+    result = run(str(tmp_path / "nope.toml"))
+    assert result.exit_code != 0 and "does not exist" in result.output
+
+
+def test_shipped_presets_load() -> None:
+    root = Path(__file__).resolve().parents[1] / "pipelines"
+    names = sorted(p.name for p in root.glob("*.toml"))
+    assert {"pong.toml", "pong-quick.toml", "breakout.toml"} <= set(names)
+    for path in root.glob("*.toml"):
+        load_pipeline(path)
