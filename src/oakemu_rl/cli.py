@@ -355,7 +355,11 @@ def ppo(**options) -> None:
     """
     from .finetune.ppo import PPOConfig, finetune_ppo
 
-    path = finetune_ppo(PPOConfig(**options))
+    try:
+        path = finetune_ppo(PPOConfig(**options))
+    except KeyboardInterrupt:
+        raise OakEmuError("stopped; continue from the last checkpoint with the same options "
+                          "and --resume") from None
     click.echo(f"wrote {path}")
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OakEmuError
+from .fsutil import atomic_write_text
 
 
 class MetricsLogger:
@@ -19,10 +20,16 @@ class MetricsLogger:
     and mirrors scalars to TensorBoard under `<run_dir>/tb/<stage>`."""
 
     def __init__(self, run_dir: Path, stage: str, *, tensorboard: bool = True,
-                 fresh: bool = True) -> None:
+                 resume_after: int | None = None) -> None:
+        """A fresh log, or with `resume_after` the existing one continued from that step:
+        records after it (written past the checkpoint a run resumes from) are dropped."""
         self.path = Path(run_dir) / f"{stage}_metrics.jsonl"
+        if resume_after is not None and self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_after]
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         try:
-            self._file = open(self.path, "w" if fresh else "a", buffering=1)  # noqa: SIM115
+            mode = "w" if resume_after is None else "a"
+            self._file = open(self.path, mode, buffering=1)  # noqa: SIM115
         except OSError as error:
             raise OakEmuError(f"cannot write metrics to {self.path}: {error.strerror}") from None
         self._tb = None
@@ -30,7 +37,9 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb" / stage))
+                purge = None if resume_after is None else resume_after + 1
+                self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb" / stage),
+                                         purge_step=purge)
             except ImportError:  # tensorboard is optional at run time
                 self._tb = None
 

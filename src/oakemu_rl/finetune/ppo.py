@@ -39,6 +39,11 @@ from .rollout import RolloutCollector
 
 LAST = "ppo_last.pt"
 
+# Options that fix the counters and schedules a resumed run must continue.
+RESUME_KEYS = ("total_steps", "num_envs", "num_steps", "lr", "anneal_lr", "warmup_updates",
+               "warmup_ramp_updates", "kl_coef", "kl_decay", "bc_coef", "bc_decay",
+               "from_scratch")
+
 
 @dataclass(frozen=True)
 class PPOConfig:
@@ -49,7 +54,8 @@ class PPOConfig:
     checkpoint: str | None = None
     """Start from this checkpoint (any stage) instead of the run's calibrated.pt."""
     from_scratch: bool = False
-    """Start from a fresh model with the starting checkpoint's env spec (for comparison)."""
+    """Start from a fresh model with the starting checkpoint's env spec (for comparison);
+    the warm-start guards (warm-up, KL anchor, BC loss) are then off."""
     resume: bool = False
     """Continue from the run's ppo_last.pt: same global step, optimizer state, schedules."""
     total_steps: int = 200_000
@@ -273,6 +279,9 @@ def _greedy_eval(model: PPOModel, spec: EnvSpec, mask: torch.Tensor, config: PPO
 
 def finetune_ppo(config: PPOConfig) -> Path:
     """Run PPO; returns the path of ppo.pt."""
+    if config.from_scratch:  # nothing to protect: plain PPO
+        config = dataclasses.replace(config, warmup_updates=0, warmup_ramp_updates=0,
+                                     kl_coef=0.0, bc_coef=0.0)
     source, start, run_dir = _starting_checkpoint(config)
     base_spec = EnvSpec.from_dict(start.env_spec)
     spec = dataclasses.replace(base_spec, reward_clipping=config.reward_clipping,
@@ -301,6 +310,15 @@ def finetune_ppo(config: PPOConfig) -> Path:
         last = load_checkpoint(resume_path)
         if last.stage != "ppo" or "optimizer" not in last.extra:
             raise OakEmuError(f"{resume_path} is not a resumable PPO checkpoint")
+        changed = [k for k in RESUME_KEYS if k in last.config
+                   and last.config[k] != getattr(config, k)]
+        if changed:
+            raise OakEmuError(
+                f"{resume_path} was written with other settings ("
+                + ", ".join(f"--{k.replace('_', '-')} {last.config[k]!r}, now "
+                            f"{getattr(config, k)!r}" for k in changed)
+                + "); resume with the same options"
+            )
         model.load_state_dict(last.state_dict)
         reference.load_state_dict(last.extra["reference"])
         optimizer.load_state_dict(last.extra["optimizer"])
@@ -343,7 +361,8 @@ def finetune_ppo(config: PPOConfig) -> Path:
         save_checkpoint(path, checkpoint)
 
     try:
-        with MetricsLogger(run_dir, "ppo", fresh=not config.resume) as log:
+        with MetricsLogger(run_dir, "ppo",
+                           resume_after=global_step if config.resume else None) as log:
             for update in range(first_update, config.num_updates + 1):
                 lr = lr_at(config, update)
                 factor = policy_lr_factor(config, update)
@@ -407,7 +426,7 @@ def finetune_ppo(config: PPOConfig) -> Path:
                             stats["bc"].append(float(bc.detach()))
                         if not torch.isfinite(loss):
                             raise OakEmuError(
-                                f"the PPO loss became {float(loss)} at update {update}; "
+                                f"the PPO loss became {float(loss.detach())} at update {update}; "
                                 f"training stopped, the last good checkpoint is {resume_path}"
                             )
                         optimizer.zero_grad(set_to_none=True)

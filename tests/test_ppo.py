@@ -1,0 +1,639 @@
+"""Stage three, `oakemu finetune ppo`: the pure loss and schedule pieces against hand-computed
+numbers, then short real runs in the emulator with a tiny model (checkpoints, metrics,
+action mask, critic-first warm-up, --resume, --from-scratch, NaN stop, CLI errors)."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from oakemu_rl import PPOModel, PPOModelConfiguration, runs
+from oakemu_rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from oakemu_rl.cli import cli
+from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
+from oakemu_rl.errors import ConfigError, OakEmuError
+from oakemu_rl.finetune import ppo as ppo_module
+from oakemu_rl.finetune.ppo import (
+    PPOConfig,
+    bc_weight,
+    finetune_ppo,
+    kl_weight,
+    lr_at,
+    masked_kl,
+    policy_loss,
+    policy_lr_factor,
+    value_loss,
+)
+from oakemu_rl.finetune.rollout import RolloutCollector
+from oakemu_rl.metrics import read_metrics
+
+TINY = PPOModelConfiguration(conv_layers=((8, 8, 4), (16, 4, 2)), fc_hidden=(32,))
+SHARED = ("conv.", "fc.", "policy_head.")
+METRICS = ("charts/episodic_return", "charts/SPS", "charts/learning_rate",
+           "charts/policy_lr_factor", "losses/approx_kl", "losses/clipfrac",
+           "losses/explained_variance", "losses/entropy", "losses/policy_loss",
+           "losses/value_loss", "guards/kl_coef", "charts/update")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The tiny model runs far faster on one thread than on a shared, loaded machine's two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep .last-run out of the real data/runs."""
+    root = tmp_path / "runs-root"
+    monkeypatch.setenv("OAKEMU_RUNS", str(root))
+    return root
+
+
+def spec_for(forbid: tuple[str, ...] = ()) -> EnvSpec:
+    return EnvSpec(game="pong", forbidden_actions=forbid)
+
+
+def start_model(seed: int = 123) -> PPOModel:
+    torch.manual_seed(seed)
+    return PPOModel(spec_for().observation_shape, 6, TINY)
+
+
+def write_start(run_dir: Path, model: PPOModel | None = None,
+                forbid: tuple[str, ...] = ()) -> Path:
+    """A calibrate-stage checkpoint of the tiny model, as `calibrated.pt` in `run_dir`."""
+    spec = spec_for(forbid)
+    meanings = list(action_meanings("pong"))
+    assert len(meanings) == 6
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = Checkpoint.from_model(
+        model if model is not None else start_model(), stage="calibrate",
+        action_meanings=meanings, action_mask=action_mask(spec).tolist(),
+        env_spec=spec.to_dict(), steps={"epochs": 2, "samples": 640},
+    )
+    return save_checkpoint(run_dir / "calibrated.pt", checkpoint)
+
+
+def tiny(run_dir: Path, updates: int, **overrides) -> PPOConfig:
+    """A PPO config of exactly `updates` updates of 2 envs × 16 steps."""
+    options = dict(run_dir=str(run_dir), num_envs=2, num_steps=16, total_steps=updates * 32,
+                   num_minibatches=2, update_epochs=2, eval_episodes=0, eval_max_steps=10,
+                   checkpoint_every=1, progress=False)
+    options.update(overrides)
+    config = PPOConfig(**options)
+    assert config.num_updates == updates
+    return config
+
+
+def update_records(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir / "ppo_metrics.jsonl") if "charts/update" in r]
+
+
+def shared_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in state.items() if k.startswith(SHARED)}
+
+
+def value_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in state.items() if k.startswith("value_head.")}
+
+
+# -- pure pieces --------------------------------------------------------------------------
+
+
+def test_policy_loss_is_the_clipped_surrogate() -> None:
+    clip = 0.2
+    #            A    ratio   unclipped   clipped     max (loss)
+    cases = [(1.0, 1.5, -1.5, -1.2, -1.2),  # A>0, ratio above the range: clipped
+             (1.0, 0.5, -0.5, -0.8, -0.5),  # A>0, ratio below: unclipped (pessimistic)
+             (-1.0, 1.5, 1.5, 1.2, 1.5),  # A<0, ratio above: unclipped
+             (-1.0, 0.5, 0.5, 0.8, 0.8),  # A<0, ratio below: clipped
+             (2.0, 1.05, -2.1, -2.1, -2.1)]  # inside the range
+    for adv, ratio, *_, expected in cases:
+        got = policy_loss(torch.tensor([adv]), torch.tensor([ratio]), clip)
+        assert float(got) == pytest.approx(expected, abs=1e-6), (adv, ratio)
+    advantages = torch.tensor([c[0] for c in cases])
+    ratios = torch.tensor([c[1] for c in cases], requires_grad=True)
+    loss = policy_loss(advantages, ratios, clip)
+    assert float(loss.detach()) == pytest.approx(-1.5 / 5, abs=1e-6)
+    loss.backward()
+    # where the clipped term wins the ratio gets no gradient; elsewhere -A / batch
+    assert ratios.grad.tolist() == pytest.approx([0.0, -0.2, 0.2, 0.0, -0.4], abs=1e-6)
+
+
+def test_value_loss_unclipped_and_clipped() -> None:
+    new = torch.tensor([1.0, 0.0, 2.0, 3.0])
+    old = torch.tensor([0.0, 0.0, 1.9, 0.0])
+    returns = torch.tensor([2.0, 1.0, 0.0, 0.4])
+    # unclipped squared errors 1, 1, 4, 6.76
+    assert float(value_loss(new, old, returns, 0.5, clip=False)) == \
+        pytest.approx(0.5 * 12.76 / 4, rel=1e-5)
+    # clipped values 0.5, 0, 2.0, 0.5 → squared errors 2.25, 1, 4, 0.01; max per sample
+    # 2.25, 1, 4, 6.76
+    assert float(value_loss(new, old, returns, 0.5, clip=True)) == \
+        pytest.approx(0.5 * 14.01 / 4, rel=1e-5)
+    # clip off ignores old values entirely
+    assert float(value_loss(new, old + 100, returns, 0.5, clip=False)) == \
+        pytest.approx(0.5 * 12.76 / 4, rel=1e-5)
+    # within the clip range both forms agree
+    near = old + 0.1
+    assert float(value_loss(near, old, returns, 0.5, clip=True)) == \
+        pytest.approx(float(value_loss(near, old, returns, 0.5, clip=False)), rel=1e-6)
+
+
+def test_masked_kl() -> None:
+    mask3 = torch.tensor([True, True, False])
+    same = torch.tensor([[0.3, -1.0, 2.0], [5.0, 0.0, -3.0]])
+    assert float(masked_kl(same, same.clone(), mask3)) == 0.0
+    assert float(masked_kl(same, same.clone(), torch.ones(3, dtype=torch.bool))) == \
+        pytest.approx(0.0, abs=1e-7)
+    # allowed probabilities: ref softmax(0, ln 3) = (1/4, 3/4), new (3/4, 1/4)
+    # KL = 1/4 ln(1/3) + 3/4 ln 3 = ln(3) / 2; second row identical → 0; mean over rows
+    ln3 = math.log(3.0)
+    ref = torch.tensor([[0.0, ln3, 5.0], [1.0, 2.0, 0.0]])
+    new = torch.tensor([[ln3, 0.0, -7.0], [1.0, 2.0, 9.0]])
+    assert float(masked_kl(ref, new, mask3)) == pytest.approx(ln3 / 4, rel=1e-5)
+    assert float(masked_kl(ref[:1], new[:1], mask3)) == pytest.approx(ln3 / 2, rel=1e-5)
+    # the masked action's logits do not matter at all, however far apart
+    for masked_ref, masked_new in ((100.0, -100.0), (-50.0, 80.0), (0.0, 0.0)):
+        r, n = ref.clone(), new.clone()
+        r[:, 2], n[:, 2] = masked_ref, masked_new
+        assert float(masked_kl(r, n, mask3)) == pytest.approx(ln3 / 4, rel=1e-5)
+    # and get no gradient (a finite one: the masked fill must not leak inf/nan)
+    logits = new.clone().requires_grad_(True)
+    masked_kl(ref, logits, mask3).backward()
+    assert torch.isfinite(logits.grad).all()
+    assert logits.grad[:, 2].abs().max() == 0.0
+    # differs from the unmasked KL, which would count the third action
+    assert float(masked_kl(ref, new, torch.ones(3, dtype=torch.bool))) > ln3
+
+
+def test_lr_at_with_and_without_annealing() -> None:
+    config = PPOConfig(lr=1e-3, num_envs=2, num_steps=16, total_steps=128)
+    assert config.num_updates == 4
+    assert [lr_at(config, u) for u in (1, 2, 3, 4)] == \
+        pytest.approx([1e-3, 0.75e-3, 0.5e-3, 0.25e-3])
+    flat = PPOConfig(lr=1e-3, num_envs=2, num_steps=16, total_steps=128, anneal_lr=False)
+    assert [lr_at(flat, u) for u in (1, 2, 3, 4)] == [1e-3] * 4
+    # fewer steps than one batch still make one update at the full rate
+    one = PPOConfig(lr=1e-3, num_envs=2, num_steps=16, total_steps=5)
+    assert one.num_updates == 1 and lr_at(one, 1) == 1e-3
+
+
+def test_policy_lr_factor_warmup_then_linear_ramp() -> None:
+    config = PPOConfig(warmup_updates=3, warmup_ramp_updates=4)
+    factors = [policy_lr_factor(config, u) for u in range(1, 10)]
+    assert factors == pytest.approx([0, 0, 0, 0.25, 0.5, 0.75, 1, 1, 1])
+    assert policy_lr_factor(config, 10_000) == 1.0
+    no_ramp = PPOConfig(warmup_updates=3, warmup_ramp_updates=0)
+    assert [policy_lr_factor(no_ramp, u) for u in range(1, 6)] == [0, 0, 0, 1, 1]
+    no_warmup = PPOConfig(warmup_updates=0, warmup_ramp_updates=2)
+    assert [policy_lr_factor(no_warmup, u) for u in range(1, 4)] == [0.5, 1, 1]
+    neither = PPOConfig(warmup_updates=0, warmup_ramp_updates=0)
+    assert policy_lr_factor(neither, 1) == 1.0
+
+
+def test_kl_and_bc_weights_decay_per_update() -> None:
+    config = PPOConfig(kl_coef=0.2, kl_decay=0.5, bc_coef=1.0, bc_decay=0.9)
+    assert [kl_weight(config, u) for u in (1, 2, 3, 4)] == pytest.approx([0.2, 0.1, 0.05, 0.025])
+    assert [bc_weight(config, u) for u in (1, 2, 3)] == pytest.approx([1.0, 0.9, 0.81])
+    off = PPOConfig(kl_coef=0.0, bc_coef=0.0)
+    assert kl_weight(off, 7) == 0.0 and bc_weight(off, 7) == 0.0
+    assert kl_weight(PPOConfig(kl_coef=0.3, kl_decay=1.0), 500) == pytest.approx(0.3)
+
+
+def test_out_of_range_options_are_refused() -> None:
+    for bad in ({"num_envs": 0}, {"lr": 0.0}, {"gamma": 0.0}, {"kl_decay": 0.0},
+                {"num_minibatches": 10_000}, {"warmup_updates": -1}, {"checkpoint_every": 0}):
+        with pytest.raises(ConfigError, match=f"ppo option {next(iter(bad))}="):
+            PPOConfig(**bad)
+
+
+# -- real runs --------------------------------------------------------------------------
+
+
+def test_short_run_writes_checkpoints_metrics_and_tensorboard(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    source = write_start(run_dir)
+    config = tiny(run_dir, 4, checkpoint_every=3, eval_episodes=1, eval_max_steps=10,
+                  eval_every=2, warmup_updates=1, warmup_ramp_updates=1)
+    path = finetune_ppo(config)
+    assert path == run_dir / "ppo.pt"
+
+    start = load_checkpoint(source)
+    final = load_checkpoint(path)
+    last = load_checkpoint(run_dir / "ppo_last.pt")
+    for checkpoint in (final, last):
+        assert checkpoint.stage == "ppo"
+        assert checkpoint.steps == {"epochs": 2, "samples": 640, "updates": 4,
+                                    "global_step": 4 * 2 * 16}
+        assert checkpoint.action_meanings == start.action_meanings
+        assert checkpoint.action_mask == start.action_mask
+        assert checkpoint.env_spec == start.env_spec
+        assert checkpoint.model_config == TINY
+        assert checkpoint.config["source"] == str(source)
+        assert checkpoint.config["total_steps"] == 128
+    for name, tensor in final.state_dict.items():
+        assert torch.equal(tensor, last.state_dict[name]), name
+    assert {"optimizer", "reference", "generator", "torch_rng"} <= set(last.extra)
+    assert "optimizer" not in final.extra  # ppo.pt is for playing, not resuming
+    assert set(final.extra["eval"]) == {"eval/greedy_return", "eval/greedy_return_std",
+                                        "eval/greedy_length"}
+    assert final.extra["eval"]["eval/greedy_length"] == 10  # cut at eval_max_steps
+    assert set(final.extra["timings"]) == {"env", "inference", "learn"}
+
+    records = read_metrics(run_dir / "ppo_metrics.jsonl")
+    updates = [r for r in records if "charts/update" in r]
+    assert [r["charts/update"] for r in updates] == [1, 2, 3, 4]
+    assert [r["step"] for r in updates] == [32, 64, 96, 128]
+    for u, record in enumerate(updates, start=1):
+        assert set(METRICS) <= set(record), set(METRICS) - set(record)
+        ret = record["charts/episodic_return"]
+        assert ret is None or isinstance(ret, float)
+        assert record["charts/SPS"] > 0
+        assert record["losses/approx_kl"] >= -1e-6
+        assert 0.0 <= record["losses/clipfrac"] <= 1.0
+        ev = record["losses/explained_variance"]
+        assert ev is None or (isinstance(ev, float) and ev <= 1.0)
+        # pong has 6 actions, none masked here: entropy at most ln 6
+        assert 0.0 < record["losses/entropy"] <= math.log(6) + 1e-5
+        assert record["guards/kl_coef"] == pytest.approx(kl_weight(config, u))
+        assert record["charts/learning_rate"] == pytest.approx(lr_at(config, u))
+        assert record["charts/policy_lr_factor"] == policy_lr_factor(config, u)
+    # greedy evaluations every eval_every updates, and once more at the end
+    assert ["eval/greedy_return" in r for r in updates] == [False, True, False, True]
+    assert set(records[-1]) == {"step", "eval/greedy_return", "eval/greedy_return_std",
+                                "eval/greedy_length"}
+    assert records[-1]["step"] == 128 and len(records) == 5
+
+    events = list((run_dir / "tb" / "ppo").glob("events.out.tfevents.*"))
+    assert events and all(e.stat().st_size > 0 for e in events)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir / "tb" / "ppo"))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {"charts/SPS", "losses/approx_kl", "losses/clipfrac", "guards/kl_coef"} <= tags
+    assert [e.step for e in accumulator.Scalars("losses/approx_kl")] == [32, 64, 96, 128]
+    assert runs.last_run_dir() == run_dir.resolve()
+
+
+def test_cli_runs_ppo_on_the_last_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_start(run_dir)
+    runs.remember_run(run_dir)  # as `oakemu bootstrap calibrate` leaves it
+    result = CliRunner().invoke(cli, [
+        "finetune", "ppo", "--total-steps", "144", "--num-envs", "3", "--num-steps", "16",
+        "--num-minibatches", "2", "--update-epochs", "1", "--warmup-updates", "1",
+        "--checkpoint-every", "2", "--eval-episodes", "0", "--no-progress",
+    ])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {run_dir.resolve() / 'ppo.pt'}" in result.output
+    final = load_checkpoint(run_dir / "ppo.pt")
+    assert final.steps["updates"] == 3 and final.steps["global_step"] == 3 * 3 * 16
+    assert final.config["num_envs"] == 3 and final.config["warmup_updates"] == 1
+    assert load_checkpoint(run_dir / "ppo_last.pt").steps["updates"] == 3
+    assert [r["charts/update"] for r in update_records(run_dir)] == [1, 2, 3]
+
+
+def test_never_takes_a_masked_action(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fire = list(action_meanings("pong")).index("FIRE")
+    model = start_model()
+    with torch.no_grad():  # a policy that, unmasked, always fires
+        model.policy_head.weight.zero_()
+        model.policy_head.bias.zero_()
+        model.policy_head.bias[fire] = 30.0
+    run_dir = tmp_path / "run"
+    write_start(run_dir, model, forbid=("FIRE",))
+    start = load_checkpoint(run_dir / "calibrated.pt")
+    assert start.action_mask[fire] is False and sum(start.action_mask) == 5
+    mask = start.action_mask_tensor()
+
+    # the collector on its own: unmasked the policy fires, masked it never does
+    collector = RolloutCollector(spec_for(("FIRE",)), start.build_model(), mask, num_envs=2,
+                                 num_steps=32, device=torch.device("cpu"), seed=3)
+    try:
+        rollout = collector.collect()
+    finally:
+        collector.close()
+    unmasked = start.build_model().get_action_bundle(rollout.obs[:, 0]).action
+    assert (unmasked == fire).all()
+    assert not (rollout.actions == fire).any()
+    assert len(torch.unique(rollout.actions)) > 1  # uniform over the five others
+    assert torch.allclose(rollout.log_probs, torch.full_like(rollout.log_probs, -math.log(5)),
+                          atol=1e-4)
+
+    # a whole PPO run, policy learning from update 1: observe every rollout it collects
+    taken: list[torch.Tensor] = []
+    original = RolloutCollector.collect
+
+    def observed(self: RolloutCollector):
+        out = original(self)
+        taken.append(out.actions.clone())
+        return out
+
+    monkeypatch.setattr(RolloutCollector, "collect", observed)
+    # the final greedy eval raises AgentActionError if the policy picks a forbidden action
+    path = finetune_ppo(tiny(run_dir, 3, warmup_updates=0, warmup_ramp_updates=0, lr=1e-3,
+                             eval_episodes=1, eval_max_steps=30))
+    assert len(taken) == 3
+    actions = torch.cat([a.reshape(-1) for a in taken])
+    assert actions.numel() == 3 * 32 and not (actions == fire).any()
+    final = load_checkpoint(path)
+    assert final.action_mask == start.action_mask
+    assert final.state_dict["policy_head.bias"][fire] > 20  # still wants FIRE, never gets it
+    for record in update_records(run_dir):  # entropy covers the five allowed actions only
+        assert record["losses/entropy"] <= math.log(5) + 1e-5
+
+
+def test_critic_first_warmup_freezes_trunk_and_policy(tmp_path: Path) -> None:
+    run_dir = tmp_path / "warm"
+    write_start(run_dir)
+    start = load_checkpoint(run_dir / "calibrated.pt").state_dict
+    config = tiny(run_dir, 3, warmup_updates=3, warmup_ramp_updates=2, kl_coef=0.5, lr=1e-3)
+    final = load_checkpoint(finetune_ppo(config)).state_dict
+    shared = shared_tensors(start)
+    assert {k.split(".")[0] for k in shared} == {"conv", "fc", "policy_head"}
+    for name, tensor in shared.items():
+        assert torch.equal(final[name], tensor), f"{name} moved during the warm-up"
+    for name, tensor in value_tensors(start).items():
+        assert not torch.equal(final[name], tensor), f"{name} did not learn"
+    records = update_records(run_dir)
+    assert [r["charts/policy_lr_factor"] for r in records] == [0.0, 0.0, 0.0]
+    assert all(r["guards/kl_ref"] == 0.0 for r in records)  # the policy never left the anchor
+
+    # the same run without a warm-up moves every tensor of the trunk and policy
+    free_dir = tmp_path / "free"
+    write_start(free_dir)
+    free = load_checkpoint(finetune_ppo(
+        tiny(free_dir, 2, warmup_updates=0, warmup_ramp_updates=0, kl_coef=0.5, lr=1e-3)
+    )).state_dict
+    for name, tensor in shared.items():
+        assert not torch.equal(free[name], tensor), f"{name} did not learn without warm-up"
+
+
+def test_resume_continues_counters_and_schedules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    total, stop_after = 4, 2
+
+    def config_for(run_dir: Path, **extra) -> PPOConfig:
+        return tiny(run_dir, total, warmup_updates=1, warmup_ramp_updates=2, kl_coef=0.2,
+                    kl_decay=0.5, lr=1e-3, **extra)
+
+    straight = tmp_path / "a"
+    write_start(straight)
+    finetune_ppo(config_for(straight))
+    a_final = load_checkpoint(straight / "ppo.pt")
+    a_last = load_checkpoint(straight / "ppo_last.pt")
+
+    broken = tmp_path / "b"
+    write_start(broken)
+    original = RolloutCollector.collect
+    calls = {"n": 0}
+
+    def interrupted(self: RolloutCollector):
+        calls["n"] += 1
+        if calls["n"] > stop_after:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of update 3's rollout
+        return original(self)
+
+    monkeypatch.setattr(RolloutCollector, "collect", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        finetune_ppo(config_for(broken))
+    monkeypatch.setattr(RolloutCollector, "collect", original)
+    assert not (broken / "ppo.pt").exists()
+    cut = load_checkpoint(broken / "ppo_last.pt")
+    assert cut.steps["updates"] == stop_after and cut.steps["global_step"] == stop_after * 32
+    assert [r["charts/update"] for r in update_records(broken)] == [1, 2]
+
+    config = config_for(broken, resume=True)
+    finetune_ppo(config)
+    b_final = load_checkpoint(broken / "ppo.pt")
+    b_last = load_checkpoint(broken / "ppo_last.pt")
+    assert b_final.steps == a_final.steps == {"epochs": 2, "samples": 640, "updates": total,
+                                              "global_step": total * 32}
+    assert b_last.steps == a_last.steps
+
+    records = update_records(broken)
+    assert [r["charts/update"] for r in records] == [1, 2, 3, 4]  # continues from K + 1
+    assert [r["step"] for r in records] == [32, 64, 96, 128]
+    a_records = update_records(straight)
+    for u, (b, a) in enumerate(zip(records, a_records, strict=True), start=1):
+        assert b["charts/learning_rate"] == pytest.approx(lr_at(config, u))
+        assert b["charts/learning_rate"] == pytest.approx(a["charts/learning_rate"])
+        assert b["charts/policy_lr_factor"] == policy_lr_factor(config, u) == \
+            a["charts/policy_lr_factor"]
+        assert b["guards/kl_coef"] == pytest.approx(kl_weight(config, u))
+        assert b["guards/kl_coef"] == pytest.approx(a["guards/kl_coef"])
+    assert records[2]["guards/kl_coef"] == pytest.approx(0.2 * 0.5 ** 2)  # not restarted
+
+    # the optimizer state came along: Adam counted every minibatch of all 4 updates
+    steps_per_update = config.update_epochs * config.num_minibatches
+    for last in (a_last, b_last):
+        adam_steps = {float(s["step"]) for s in last.extra["optimizer"]["state"].values()}
+        assert adam_steps == {float(total * steps_per_update)}
+    # the KL anchor is still the starting policy, not the policy at the interruption
+    start = load_checkpoint(broken / "calibrated.pt").state_dict
+    for name, tensor in start.items():
+        assert torch.equal(b_last.extra["reference"][name], tensor), name
+    assert len(list((broken / "tb" / "ppo").glob("events.out.tfevents.*"))) == 2
+
+
+def test_resume_without_a_resumable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_start(run_dir)
+    with pytest.raises(OakEmuError, match=r"nothing to resume: .*ppo_last\.pt does not exist"):
+        finetune_ppo(tiny(run_dir, 2, resume=True))
+    result = CliRunner().invoke(cli, ["finetune", "ppo", "--run-dir", str(run_dir), "--resume",
+                                      "--no-progress"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert result.output.strip().splitlines() == [
+        f"Error: nothing to resume: {run_dir / 'ppo_last.pt'} does not exist"
+    ]
+    # a checkpoint of another stage under that name is not resumable either
+    shutil.copy(run_dir / "calibrated.pt", run_dir / "ppo_last.pt")
+    with pytest.raises(OakEmuError, match="is not a resumable PPO checkpoint"):
+        finetune_ppo(tiny(run_dir, 2, resume=True))
+
+
+def test_from_scratch_starts_from_fresh_weights(tmp_path: Path, monkeypatch) -> None:
+    run_dir = tmp_path / "run"
+    write_start(run_dir)  # built with seed 123
+    start = load_checkpoint(run_dir / "calibrated.pt")
+    first: dict[str, torch.Tensor] = {}
+    original = RolloutCollector.collect
+
+    def observed(self: RolloutCollector):
+        if not first:  # the weights PPO starts from, before any update
+            first.update({k: v.clone() for k, v in self.model.state_dict().items()})
+        return original(self)
+
+    monkeypatch.setattr(RolloutCollector, "collect", observed)
+    path = finetune_ppo(tiny(run_dir, 2, from_scratch=True, warmup_updates=2, seed=0))
+    final = load_checkpoint(path)
+    torch.manual_seed(0)
+    fresh = PPOModel(start.observation_shape, start.action_count, TINY).state_dict()
+    for name, tensor in fresh.items():
+        assert torch.equal(first[name], tensor), f"{name} is not a fresh init"
+        if name.endswith(".weight"):  # (biases start at 0 in every init)
+            assert not torch.equal(first[name], start.state_dict[name]), f"{name} is the start's"
+    # From scratch there is nothing to protect: the guards are off.
+    assert final.config["from_scratch"] is True
+    assert final.config["warmup_updates"] == 0 and final.config["kl_coef"] == 0.0
+    assert not torch.equal(final.state_dict["conv.0.weight"], fresh["conv.0.weight"])
+    assert final.env_spec == start.env_spec and final.action_mask == start.action_mask
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    write_start(run_dir)
+    config = tiny(run_dir, 5, num_minibatches=2, update_epochs=1)
+    per_update = config.num_minibatches * config.update_epochs
+    calls = {"n": 0}
+    real_value_loss = ppo_module.value_loss
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        out = real_value_loss(*args, **kwargs)
+        return out * float("nan") if calls["n"] > 2 * per_update else out
+
+    monkeypatch.setattr(ppo_module, "value_loss", poisoned)
+    with pytest.raises(OakEmuError) as error:
+        finetune_ppo(config)
+    message = str(error.value)
+    assert "the PPO loss became nan at update 3" in message
+    assert str(run_dir / "ppo_last.pt") in message
+    assert not (run_dir / "ppo.pt").exists()
+    last = load_checkpoint(run_dir / "ppo_last.pt")
+    assert last.steps["updates"] == 2 and last.steps["global_step"] == 64
+    assert all(torch.isfinite(t).all() for t in last.state_dict.values())
+    assert [r["charts/update"] for r in update_records(run_dir)] == [1, 2]
+
+    # and the run can go on from it
+    monkeypatch.setattr(ppo_module, "value_loss", real_value_loss)
+    final = load_checkpoint(finetune_ppo(tiny(run_dir, 5, num_minibatches=2, update_epochs=1,
+                                              resume=True)))
+    assert final.steps["updates"] == 5 and final.steps["global_step"] == 160
+    assert [r["charts/update"] for r in update_records(run_dir)] == [1, 2, 3, 4, 5]
+
+
+def test_cli_without_calibrated_checkpoint_names_the_command(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = CliRunner().invoke(cli, ["finetune", "ppo", "--run-dir", str(empty)])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert f"{empty / 'calibrated.pt'} does not exist" in result.output
+    assert "`oakemu bootstrap calibrate`" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    # no run directory at all (no .last-run): the same advice
+    result = CliRunner().invoke(cli, ["finetune", "ppo"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "calibrated.pt" in result.output and "`oakemu bootstrap calibrate`" in result.output
+    assert not list(empty.iterdir())  # nothing was written
+
+
+def test_rollout_shapes_and_global_step(tmp_path: Path) -> None:
+    """The collector's rollout is (num_steps, num_envs, ...) and advances global_step."""
+    start = start_model()
+    collector = RolloutCollector(spec_for(), start, torch.ones(6, dtype=torch.bool),
+                                 num_envs=3, num_steps=8, device=torch.device("cpu"), seed=0)
+    try:
+        first = collector.collect()
+        collector.collect()
+    finally:
+        collector.close()
+    assert first.obs.shape == (8, 3, 4, 84, 84) and first.obs.dtype == torch.uint8
+    for name in ("actions", "log_probs", "values", "rewards", "terminations", "truncations",
+                 "next_values"):
+        assert getattr(first, name).shape == (8, 3), name
+    assert first.num_steps == 24 and collector.global_step == 48
+    assert np.isfinite(first.log_probs.numpy()).all()
+
+
+def test_target_kl_stops_the_epochs_early(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_start(run_dir)
+    config = tiny(run_dir, 2, update_epochs=3, num_minibatches=2, target_kl=1e-9,
+                  warmup_updates=0, warmup_ramp_updates=0, lr=1e-3)
+    finetune_ppo(config)
+    records = update_records(run_dir)
+    assert [r["guards/target_kl_stop"] for r in records] == [True, True]
+    last = load_checkpoint(run_dir / "ppo_last.pt")
+    # one epoch of 2 minibatches per update instead of 3 epochs
+    adam_steps = {float(s["step"]) for s in last.extra["optimizer"]["state"].values()}
+    assert adam_steps == {2.0 * 2}
+
+
+def test_bc_loss_on_demo_batches(tmp_path: Path) -> None:
+    demos = tmp_path / "pong.h5"
+    result = CliRunner().invoke(cli, ["record", "--demonstrator", "scripted", "--episodes", "1",
+                                      "--max-steps", "40", "--out", str(demos)])
+    assert result.exit_code == 0, result.output
+    run_dir = tmp_path / "run"
+    write_start(run_dir)
+    with pytest.raises(ConfigError, match="--bc-coef needs demo files"):
+        finetune_ppo(tiny(run_dir, 2, bc_coef=1.0))
+    config = tiny(run_dir, 2, bc_coef=1.0, bc_decay=0.5, bc_batch_size=8, bc_demos=(str(demos),))
+    final = load_checkpoint(finetune_ppo(config))
+    assert final.config["bc_demos"] == [str(demos)]
+    records = update_records(run_dir)
+    assert [r["guards/bc_coef"] for r in records] == pytest.approx([1.0, 0.5])
+    assert all(isinstance(r["guards/bc_loss"], float) and r["guards/bc_loss"] > 0
+               for r in records)
+
+    other = tmp_path / "pong-nosticky.h5"
+    result = CliRunner().invoke(cli, ["record", "--demonstrator", "scripted", "--episodes", "1",
+                                      "--max-steps", "10", "--sticky", "0", "--out", str(other)])
+    assert result.exit_code == 0, result.output
+    with pytest.raises(OakEmuError, match="recorded with another env spec"):
+        finetune_ppo(tiny(run_dir, 2, bc_coef=1.0, bc_demos=(str(other),)))
+
+
+def test_resume_with_other_settings_does_not_silently_change_the_schedule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`oakemu finetune ppo --resume` without repeating every option of the interrupted run
+    must not quietly continue on another schedule (README: "--resume continues with the
+    same global step, optimizer state and schedules"): either it refuses, naming the
+    option, or it continues the saved run's schedule."""
+    run_dir = tmp_path / "run"
+    write_start(run_dir)
+    original = tiny(run_dir, 4, lr=1e-3, warmup_updates=1, warmup_ramp_updates=1)
+    real_collect = RolloutCollector.collect
+    calls = {"n": 0}
+
+    def interrupted(self: RolloutCollector):
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise KeyboardInterrupt
+        return real_collect(self)
+
+    monkeypatch.setattr(RolloutCollector, "collect", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        finetune_ppo(original)
+    monkeypatch.setattr(RolloutCollector, "collect", real_collect)
+
+    # as `oakemu finetune ppo --run-dir RUN --resume` would build it: other options default
+    other = PPOConfig(run_dir=str(run_dir), resume=True, num_envs=3, num_steps=16,
+                      total_steps=6 * 48, num_minibatches=2, update_epochs=1,
+                      eval_episodes=0, checkpoint_every=1, progress=False)
+    try:
+        final = load_checkpoint(finetune_ppo(other))
+    except OakEmuError as error:
+        assert re.search(r"num[_-]envs|total[_-]steps", str(error)), str(error)
+        return
+    records = update_records(run_dir)
+    assert final.steps["global_step"] == 4 * 32, final.steps
+    assert [r["charts/update"] for r in records] == [1, 2, 3, 4]
+    assert [r["charts/learning_rate"] for r in records] == \
+        pytest.approx([lr_at(original, u) for u in (1, 2, 3, 4)])
