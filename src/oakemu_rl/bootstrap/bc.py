@@ -211,6 +211,10 @@ def train_bc(config: BCConfig) -> Path:
     val_set = DemoDataset(demos, val_refs, shuffle=False, **common) if val_refs else None
     if train_set.num_samples == 0:
         raise DemoFileError("every demonstrated action is forbidden by the action mask")
+    if val_set is not None and val_set.num_samples == 0:
+        val_set = None  # only forbidden actions: a val loss of 0.0 would stop training
+        tqdm.write("note: the validation episodes hold only forbidden actions, so there is "
+                   "no validation; the last epoch is saved")
 
     model = _initial_model(config, spec, meanings).to(device)
     value_head_before = {k: v.clone() for k, v in model.value_head.state_dict().items()}
@@ -234,7 +238,7 @@ def train_bc(config: BCConfig) -> Path:
     samples = 0
     history = []
     path = run_dir / runs.STAGE_FILES["bc"]
-    if val_set is None:
+    if not val_refs:
         tqdm.write("note: fewer than two episodes, so no validation split; the last epoch "
                    "is saved")
 
@@ -255,9 +259,11 @@ def train_bc(config: BCConfig) -> Path:
                 loss = bc_loss(logits, actions, mask, label_smoothing=config.label_smoothing,
                                class_weights=class_weights)
                 if not torch.isfinite(loss):
+                    kept = (f"epoch {best['epoch']}, the best so far, is kept in {path}"
+                            if best["epoch"] else f"this run wrote nothing to {path}")
                     raise OakEmuError(
-                        f"the BC loss became {float(loss)} at epoch {epoch}; training stopped "
-                        f"(the best epoch so far is kept in {path}); try a lower --lr"
+                        f"the BC loss became {float(loss.detach())} at epoch {epoch}; "
+                        f"training stopped ({kept}); try a lower --lr"
                     )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -204,9 +204,9 @@ def calibrate(config: CalibrateConfig) -> Path:
                     with torch.no_grad():
                         initial = explained_variance(
                             model.get_value(held_obs).cpu(), held_targets.cpu())
-                if demo_episodes and config.demo_ratio > 0:
-                    demo_obs, demo_t = _sample_demo_states(
-                        demo_episodes, int(len(fit_targets) * config.demo_ratio), rng)
+                demo_count = int(len(fit_targets) * config.demo_ratio)
+                if demo_episodes and demo_count > 0:
+                    demo_obs, demo_t = _sample_demo_states(demo_episodes, demo_count, rng)
                     obs = torch.cat([obs, demo_obs.to(device)])
                     fit_targets = torch.cat([fit_targets, demo_t.to(device)])
                 fit_start = time.perf_counter()
@@ -219,7 +219,7 @@ def calibrate(config: CalibrateConfig) -> Path:
                         loss = 0.5 * (predicted - fit_targets[idx]).pow(2).mean()
                         if not torch.isfinite(loss):
                             raise OakEmuError(
-                                f"the value loss became {float(loss)} at iteration "
+                                f"the value loss became {float(loss.detach())} at iteration "
                                 f"{iteration}; calibration stopped (nothing was overwritten)"
                             )
                         optimizer.zero_grad(set_to_none=True)

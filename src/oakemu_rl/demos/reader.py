@@ -244,6 +244,9 @@ class DemoFile:
 
     def observation(self, episode: int, t: int) -> np.ndarray:
         """The stacked observation actions[t] was chosen on."""
+        length = self.episodes[episode].length
+        if not 0 <= t < length:
+            raise IndexError(f"step {t} is outside episode {episode} (steps 0..{length - 1})")
         k = self.spec.frame_stack
         lo = max(0, t - k + 1)
         frames = self._dataset(episode, "frames")[lo:t + 1]

@@ -29,6 +29,18 @@ from . import schema
 from .reader import DemoFile
 
 
+# HDF5's 1.10 file format checksums every metadata block (superblock, object headers,
+# B-trees), so a damaged file is reported instead of parsed. Text attributes are stored as
+# fixed-length byte strings, inside those checksummed headers: h5py's default for `str`
+# (variable-length) puts them in the global heap, which has no checksum, and one bad size
+# byte there sends libhdf5 into an endless loop.
+_LIBVER = ("v110", "latest")
+
+
+def _text(value: str) -> np.bytes_:
+    return np.bytes_(value.encode("utf-8"))
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
@@ -102,15 +114,15 @@ class DemoWriter:
             raise DemoFileError(f"cannot create {self.path.parent}: {error.strerror}") from None
 
         def build(handle: h5py.File) -> None:
-            handle.attrs["format"] = schema.FORMAT
+            handle.attrs["format"] = _text(schema.FORMAT)
             handle.attrs["schema_version"] = schema.SCHEMA_VERSION
-            handle.attrs["env_spec"] = self.spec.to_json()
-            handle.attrs["action_meanings"] = json.dumps(self.action_meanings)
-            handle.attrs["action_mask"] = json.dumps(self.action_mask.tolist())
+            handle.attrs["env_spec"] = _text(self.spec.to_json())
+            handle.attrs["action_meanings"] = _text(json.dumps(self.action_meanings))
+            handle.attrs["action_mask"] = _text(json.dumps(self.action_mask.tolist()))
             handle.attrs["frame_shape"] = np.array(self.spec.frame_shape, dtype=np.int64)
-            handle.attrs["package_version"] = __version__
-            handle.attrs["ale_py_version"] = _ale_version()
-            handle.attrs["created_at"] = _now()
+            handle.attrs["package_version"] = _text(__version__)
+            handle.attrs["ale_py_version"] = _text(_ale_version())
+            handle.attrs["created_at"] = _text(_now())
             data = handle.create_group("data")
             data.attrs["total"] = 0
             data.attrs["episodes"] = 0
@@ -123,7 +135,8 @@ class DemoWriter:
         try:
             if start_from is not None:
                 shutil.copyfile(start_from, tmp)
-            with h5py.File(tmp, "a" if start_from is not None else "w") as handle:
+            with h5py.File(tmp, "a" if start_from is not None else "w",
+                           libver=_LIBVER) as handle:
                 change(handle)
         except BaseException as error:
             with contextlib.suppress(OSError):
@@ -160,12 +173,12 @@ class DemoWriter:
                     else:
                         group.create_dataset(key, data=values)
                 length = len(arrays["actions"])
-                group.attrs["recorder"] = recorder
+                group.attrs["recorder"] = _text(recorder)
                 group.attrs["seed"] = int(seed)
                 group.attrs["return"] = float(arrays["rewards"].sum(dtype=np.float64))
                 group.attrs["length"] = length
                 group.attrs["num_samples"] = length
-                group.attrs["created_at"] = _now()
+                group.attrs["created_at"] = _text(_now())
                 data.attrs["total"] = int(data.attrs["total"]) + length
                 data.attrs["episodes"] = int(data.attrs["episodes"]) + 1
 

@@ -48,6 +48,8 @@ class EnvSpec:
     """Action meanings the agent may never take, e.g. ("FIRE",); they form the action mask."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.forbidden_actions, str):
+            raise EnvError("forbidden_actions must be a list of action names, not one string")
         object.__setattr__(self, "game", canonical_game(self.game))
         object.__setattr__(
             self, "forbidden_actions", tuple(str(a).upper() for a in self.forbidden_actions)
