@@ -25,18 +25,29 @@ class Agent(Protocol):
     def act(self, env: Any, observation: np.ndarray) -> int: ...
 
 
+SEED_MAX = 2**30 - 1
+"""Largest seed an option takes: the emulators add episode, env and update numbers to it,
+and ALE seeds are 32-bit."""
+
+
 def resolve_device(name: str = "auto") -> torch.device:
-    """`auto` picks CUDA when present, else CPU; anything else is passed to torch."""
+    """`auto` picks CUDA when present, else CPU; otherwise cpu, cuda or cuda:N."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     from .errors import ConfigError
 
     try:
         device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown --device {name!r}; use auto, cpu or cuda") from None
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"unknown --device {name!r}; use auto, cpu or cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but no CUDA GPU is available")
+    if device.type == "cuda" and device.index is not None \
+            and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"--device {name} names a GPU this machine does not have "
+                          f"({torch.cuda.device_count()} found)")
     return device
 
 

@@ -138,6 +138,13 @@ def save_checkpoint(path: str | Path, checkpoint: Checkpoint) -> Path:
     """Write `checkpoint` to `path` atomically (temp file, fsync, rename)."""
     path = Path(path)
     payload = checkpoint.to_payload()
+    for name, tensor in checkpoint.state_dict.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            # The loader refuses such a file: never replace a good one with it.
+            raise CheckpointError(
+                f"refusing to write {path}: the weights in {name} are not finite (training "
+                "diverged); the file on disk is left as it was"
+            )
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     with atomic_write(path) as handle:
@@ -166,7 +173,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             warnings.simplefilter("ignore")  # torch warns about foreign pickle protocols
             payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        if "weights only" in str(error).lower():
+        # A pickle (or torch's zip of one) asking for more than plain data is refused as
+        # such; a file of another kind (HDF5, text) only fails on its first "opcode".
+        text = str(error).lower()
+        if "weights only" in text and ("operand" not in text or _looks_pickled(path)):
             raise CheckpointError(
                 f"refusing to load {path}: it holds Python objects beyond tensors and plain "
                 "data, which could run code when unpickled"
@@ -240,13 +250,27 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return checkpoint
 
 
+def _looks_pickled(path: Path) -> bool:
+    """True for a pickle (protocol 2+) or a zip archive, torch's two formats."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(2)
+    except OSError:
+        return False
+    return head[:1] == b"\x80" or head == b"PK"
+
+
 def _check_weights_fit(checkpoint: Checkpoint, path: Path) -> None:
     try:
-        model = PPOModel(checkpoint.observation_shape, checkpoint.action_count,
-                         checkpoint.model_config)
-    except ValueError as error:
+        # On the meta device nothing is allocated: a file describing a huge model cannot
+        # exhaust memory before its weights are compared with the description.
+        with torch.device("meta"):
+            model = PPOModel(checkpoint.observation_shape, checkpoint.action_count,
+                             checkpoint.model_config)
+    except (ValueError, RuntimeError, OverflowError, TypeError) as error:
+        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else "?"
         raise CheckpointError(f"checkpoint {path} describes a model that cannot be built: "
-                              f"{error}") from None
+                              f"{first}") from None
     expected = model.state_dict()
     missing = sorted(set(expected) - set(checkpoint.state_dict))
     unexpected = sorted(set(checkpoint.state_dict) - set(expected))

@@ -26,6 +26,25 @@ class _Group(click.Group):
             raise click.ClickException(str(error)) from None
 
 
+class _FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (FloatRange lets nan through)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if number is not None and not math.isfinite(number):
+            self.fail(f"{number} is not a finite number.", param, ctx)
+        return number
+
+
+def _seed_option():
+    from .agents import SEED_MAX
+
+    return click.option("--seed", type=click.IntRange(0, SEED_MAX), default=0,
+                        show_default=True)
+
+
 def _not_built(name: str) -> None:
     raise OakEmuError(f"`oakemu {name}` is not built yet")
 
@@ -97,7 +116,7 @@ def _spec_options(func):
     options = [
         click.option("--game", default="pong", show_default=True,
                      help="Game ROM id or full id (`oakemu envs` lists them)."),
-        click.option("--sticky", "repeat_action_probability", type=click.FloatRange(0, 0.99),
+        click.option("--sticky", "repeat_action_probability", type=_FiniteFloatRange(0, 0.99),
                      default=0.25, show_default=True, help="Sticky-action probability."),
         click.option("--noop-max", type=click.IntRange(0, 1000), default=30, show_default=True,
                      help="Most NOOP steps at an episode start."),
@@ -131,13 +150,13 @@ def _spec(game: str, repeat_action_probability: float, noop_max: int,
               show_default=True, help="Who plays: you at the keyboard, or a built-in script.")
 @click.option("--policy", "policy_path", type=click.Path(path_type=str), default=None,
               help="Record a trained agent from this checkpoint instead (its env spec is used).")
-@click.option("--noise", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--noise", type=_FiniteFloatRange(0, 1), default=0.0, show_default=True,
               help="Scripted demonstrator: chance per step of a random allowed action.")
-@click.option("--fps", type=click.FloatRange(1, 1000), default=15.0, show_default=True,
+@click.option("--fps", type=_FiniteFloatRange(1, 1000), default=15.0, show_default=True,
               help="Keyboard: agent steps per second (15 is the game's normal speed).")
 @click.option("--max-steps", type=click.IntRange(1), default=None,
               help="Cut each episode after this many agent steps.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@_seed_option()
 @click.option("--device", default="auto", show_default=True, help="--policy: auto, cpu or cuda.")
 def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, noise: float,
            fps: float, max_steps: int | None, seed: int, device: str, **spec_options) -> None:
@@ -371,7 +390,7 @@ def ppo(**options) -> None:
 @click.option("--episodes", type=click.IntRange(1), default=5, show_default=True)
 @click.option("--max-steps", type=click.IntRange(1), default=None,
               help="Cut each episode after this many agent steps.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@_seed_option()
 @click.option("--video", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Save the first episode as .mp4 or .gif.")
 @click.option("--onnx", "onnx_path", type=click.Path(path_type=str), default=None,
@@ -436,7 +455,7 @@ def export() -> None:
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 17).")
 @click.option("--verify-frames", type=click.IntRange(1), default=64, show_default=True,
               help="Real emulator frames on which onnxruntime is checked against torch.")
-@click.option("--tolerance", type=float, default=1e-4, show_default=True,
+@click.option("--tolerance", type=_FiniteFloatRange(0), default=1e-4, show_default=True,
               help="Largest allowed |logit difference| between onnxruntime and torch.")
 def onnx(checkpoint: str, out: str, opset: int | None, verify_frames: int,
          tolerance: float) -> None:

@@ -21,3 +21,23 @@ class EnvError(OakEmuError):
 
 class ConfigError(OakEmuError):
     """A configuration value or option that is not valid."""
+
+
+def check_options(stage: str, config: object, checks: list[tuple[str, bool, str]]) -> None:
+    """Refuse a stage config with a non-finite number or a failed range check, in one line
+    that names the value both as the config key and as the command-line option."""
+    import dataclasses
+    import math
+
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for item in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, item.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{stage} option {item.name}={value!r} is out of range: "
+                              f"{flag(item.name)} must be a finite number")
+    for name, ok, rule in checks:
+        if not ok:
+            raise ConfigError(f"{stage} option {name}={getattr(config, name)!r} is out of range: "
+                              f"{flag(name)} must be {rule}")

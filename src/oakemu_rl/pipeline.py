@@ -49,6 +49,16 @@ class DemoSource:
     seed: int = 0
     """Seed of the first recorded episode."""
 
+    def __post_init__(self) -> None:
+        from .agents import SEED_MAX
+
+        _check_section("demos", [
+            ("episodes", self.episodes >= 1, "≥ 1", self.episodes),
+            ("noise", 0 <= self.noise <= 1, "in [0, 1]", self.noise),
+            ("max_steps", self.max_steps is None or self.max_steps >= 1, "≥ 1", self.max_steps),
+            ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}", self.seed),
+        ])
+
 
 @dataclass(frozen=True)
 class EvalSettings:
@@ -62,6 +72,21 @@ class EvalSettings:
     """Seed of the first test episode."""
     demonstrator: bool = True
     """Also score the scripted demonstrator (when the game has one)."""
+
+    def __post_init__(self) -> None:
+        from .agents import SEED_MAX
+
+        _check_section("evaluate", [
+            ("episodes", self.episodes >= 1, "≥ 1", self.episodes),
+            ("max_steps", self.max_steps is None or self.max_steps >= 1, "≥ 1", self.max_steps),
+            ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}", self.seed),
+        ])
+
+
+def _check_section(section: str, checks: list[tuple[str, bool, str, Any]]) -> None:
+    for name, ok, rule, value in checks:
+        if not ok:
+            raise ConfigError(f"{section}.{name}={value!r} is out of range: it must be {rule}")
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import runs
-from ..agents import resolve_device
+from ..agents import SEED_MAX, resolve_device
 from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..demos import DemoFile
 from ..envs import EnvSpec
-from ..errors import ConfigError, DemoFileError, OakEmuError
+from ..errors import ConfigError, DemoFileError, OakEmuError, check_options
 from ..metrics import MetricsLogger
 from ..model import ARCHITECTURES, PPOModel
 from ..plots import plot_bc_curves
@@ -83,19 +83,20 @@ class BCConfig:
     """Show tqdm bars."""
 
     def __post_init__(self) -> None:
-        checks = [
-            ("epochs", self.epochs >= 1), ("batch_size", self.batch_size >= 1),
-            ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0),
-            ("label_smoothing", 0 <= self.label_smoothing < 1),
-            ("augment_shift", 0 <= self.augment_shift <= 16),
-            ("val_fraction", 0 <= self.val_fraction < 1), ("patience", self.patience >= 0),
-            ("max_grad_norm", self.max_grad_norm >= 0), ("cache_mb", self.cache_mb >= 0),
-            ("block_size", self.block_size >= 1), ("shuffle_blocks", self.shuffle_blocks >= 1),
-            ("num_workers", self.num_workers >= 0),
-        ]
-        for name, ok in checks:
-            if not ok:
-                raise ConfigError(f"bc option {name}={getattr(self, name)!r} is out of range")
+        check_options("bc", self, [
+            ("epochs", self.epochs >= 1, "≥ 1"), ("batch_size", self.batch_size >= 1, "≥ 1"),
+            ("lr", self.lr > 0, "> 0"), ("weight_decay", self.weight_decay >= 0, "≥ 0"),
+            ("label_smoothing", 0 <= self.label_smoothing < 1, "in [0, 1)"),
+            ("augment_shift", 0 <= self.augment_shift <= 16, "from 0 to 16"),
+            ("val_fraction", 0 <= self.val_fraction < 1, "in [0, 1)"),
+            ("patience", self.patience >= 0, "≥ 0"),
+            ("max_grad_norm", self.max_grad_norm >= 0, "≥ 0"),
+            ("cache_mb", self.cache_mb >= 0, "≥ 0"),
+            ("block_size", self.block_size >= 1, "≥ 1"),
+            ("shuffle_blocks", self.shuffle_blocks >= 1, "≥ 1"),
+            ("num_workers", self.num_workers >= 0, "≥ 0"),
+            ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
+        ])
         if self.architecture not in ARCHITECTURES:
             raise ConfigError(f"bc option architecture must be one of {sorted(ARCHITECTURES)}")
         if self.lr_schedule not in LR_SCHEDULES:
@@ -259,16 +260,16 @@ def train_bc(config: BCConfig) -> Path:
                 loss = bc_loss(logits, actions, mask, label_smoothing=config.label_smoothing,
                                class_weights=class_weights)
                 if not torch.isfinite(loss):
-                    kept = (f"epoch {best['epoch']}, the best so far, is kept in {path}"
-                            if best["epoch"] else f"this run wrote nothing to {path}")
-                    raise OakEmuError(
-                        f"the BC loss became {float(loss.detach())} at epoch {epoch}; "
-                        f"training stopped ({kept}); try a lower --lr"
-                    )
+                    raise _diverged(f"the BC loss became {float(loss.detach())}", epoch,
+                                    best["epoch"], path)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                if config.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                # max_grad_norm 0 means no clipping: an infinite bound scales by 1 and
+                # still measures the norm, so a NaN or inf gradient never reaches the weights.
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm or math.inf)
+                if not torch.isfinite(grad_norm):
+                    raise _diverged(f"a BC gradient became {float(grad_norm)}", epoch,
+                                    best["epoch"], path)
                 optimizer.step()
                 step += 1
                 n = len(actions)
@@ -319,6 +320,12 @@ def train_bc(config: BCConfig) -> Path:
     plot_bc_curves(history, run_dir / "bc_curves.png")
     runs.remember_run(run_dir)
     return path
+
+
+def _diverged(what: str, epoch: int, best_epoch: int, path: Path) -> OakEmuError:
+    kept = (f"epoch {best_epoch}, the best so far, is kept in {path}"
+            if best_epoch else f"this run wrote nothing to {path}")
+    return OakEmuError(f"{what} at epoch {epoch}; training stopped ({kept}); try a lower --lr")
 
 
 def _initial_model(config: BCConfig, spec: EnvSpec, meanings: list[str]) -> PPOModel:

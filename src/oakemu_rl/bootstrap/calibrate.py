@@ -20,10 +20,10 @@ import torch
 from tqdm import tqdm
 
 from .. import runs
-from ..agents import resolve_device
+from ..agents import SEED_MAX, resolve_device
 from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..envs import EnvSpec
-from ..errors import ConfigError, DemoFileError, OakEmuError
+from ..errors import ConfigError, DemoFileError, OakEmuError, check_options
 from ..finetune.advantages import discounted_returns, explained_variance, td_lambda
 from ..finetune.rollout import RolloutCollector
 from ..metrics import MetricsLogger
@@ -82,20 +82,19 @@ class CalibrateConfig:
     """Show a tqdm bar."""
 
     def __post_init__(self) -> None:
-        checks = [
-            ("num_envs", self.num_envs >= 2), ("num_steps", self.num_steps >= 1),
-            ("holdout_envs", 1 <= self.holdout_envs < self.num_envs),
-            ("iterations", self.iterations >= 1), ("gamma", 0 < self.gamma <= 1),
-            ("gae_lambda", 0 <= self.gae_lambda <= 1), ("epochs", self.epochs >= 1),
-            ("minibatch_size", self.minibatch_size >= 1), ("lr", self.lr > 0),
-            ("demo_ratio", self.demo_ratio >= 0),
-            ("target_explained_variance", self.target_explained_variance <= 1),
-        ]
-        for name, ok in checks:
-            if not ok:
-                raise ConfigError(
-                    f"calibrate option {name}={getattr(self, name)!r} is out of range"
-                )
+        check_options("calibrate", self, [
+            ("num_envs", self.num_envs >= 2, "≥ 2"), ("num_steps", self.num_steps >= 1, "≥ 1"),
+            ("holdout_envs", 1 <= self.holdout_envs < self.num_envs,
+             f"≥ 1 and below --num-envs ({self.num_envs})"),
+            ("iterations", self.iterations >= 1, "≥ 1"),
+            ("gamma", 0 < self.gamma <= 1, "in (0, 1]"),
+            ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
+            ("epochs", self.epochs >= 1, "≥ 1"),
+            ("minibatch_size", self.minibatch_size >= 1, "≥ 1"), ("lr", self.lr > 0, "> 0"),
+            ("demo_ratio", self.demo_ratio >= 0, "≥ 0"),
+            ("target_explained_variance", self.target_explained_variance <= 1, "≤ 1"),
+            ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
+        ])
         if self.target not in TARGETS:
             raise ConfigError(f"calibrate option target must be one of {TARGETS}")
 
@@ -224,6 +223,12 @@ def calibrate(config: CalibrateConfig) -> Path:
                             )
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
+                        if not all(bool(torch.isfinite(p.grad).all())
+                                   for p in model.value_head.parameters() if p.grad is not None):
+                            raise OakEmuError(
+                                f"a value-head gradient became non-finite at iteration "
+                                f"{iteration}; calibration stopped (nothing was overwritten)"
+                            )
                         optimizer.step()
                         losses.append(float(loss.detach()))
                 collector.timings.learn += time.perf_counter() - fit_start

@@ -21,6 +21,11 @@ from ..errors import DemoFileError, EnvError
 from . import schema
 
 
+class DamagedDemoError(DemoFileError, OSError):
+    """A damaged chunk met while reading frames: a `DemoFileError` (so the CLI prints one
+    line) that is still the `OSError` h5py raises, for code that catches that."""
+
+
 @dataclass(frozen=True)
 class EpisodeInfo:
     index: int
@@ -69,8 +74,10 @@ class DemoFile:
                 self.split = self._read_split(handle)
         except DemoFileError:
             raise
-        except (KeyError, TypeError, ValueError, OSError, RuntimeError) as error:
-            # h5py reports damage deep inside a file as any of these.
+        except (KeyError, TypeError, ValueError, OSError, RuntimeError, OverflowError,
+                IndexError) as error:
+            # h5py reports damage deep inside a file as any of these; a damaged number
+            # (inf, a huge value) as OverflowError.
             raise DemoFileError(f"demo file {self.path} is damaged: {_short(error)}") from None
 
     # -- validation -----------------------------------------------------------------
@@ -113,6 +120,10 @@ class DemoFile:
             or not any(mask)
         ):
             raise self._fail("has action_meanings and action_mask attributes that disagree")
+        forbidden = set(self.spec.forbidden_actions)
+        if not forbidden <= set(meanings) or [m not in forbidden for m in meanings] != mask:
+            raise self._fail("has an action_mask attribute that disagrees with the "
+                             "forbidden_actions of its env_spec attribute")
         self.action_meanings: list[str] = meanings
         self.action_mask = np.array(mask, dtype=bool)
         frame_shape = tuple(int(v) for v in np.asarray(attrs["frame_shape"]).reshape(-1))
@@ -176,6 +187,8 @@ class DemoFile:
         actions = group["actions"][()]
         if actions.min() < 0 or actions.max() >= len(self.action_meanings):
             raise self._fail(f"has out-of-range actions in data/{name}")
+        if not np.isfinite(group["rewards"][()]).all():
+            raise self._fail(f"has non-finite rewards in data/{name}")
         return EpisodeInfo(
             index=index,
             name=name,
@@ -238,9 +251,14 @@ class DemoFile:
         return self.handle["data"][self.episodes[episode].name][key]
 
     def read(self, episode: int, key: str, sl: slice | None = None) -> np.ndarray:
-        """One dataset of episode number `episode` (position in `episodes`), or a slice."""
-        dataset = self._dataset(episode, key)
-        return dataset[()] if sl is None else dataset[sl]
+        """One dataset of episode number `episode` (position in `episodes`), or a slice.
+        A damaged chunk (found only when it is read) raises `DemoFileError`."""
+        try:
+            dataset = self._dataset(episode, key)
+            return dataset[()] if sl is None else dataset[sl]
+        except (OSError, RuntimeError, KeyError) as error:
+            raise DamagedDemoError(f"demo file {self.path} is damaged: {_short(error)}") \
+                from None
 
     def observation(self, episode: int, t: int) -> np.ndarray:
         """The stacked observation actions[t] was chosen on."""
@@ -249,7 +267,7 @@ class DemoFile:
             raise IndexError(f"step {t} is outside episode {episode} (steps 0..{length - 1})")
         k = self.spec.frame_stack
         lo = max(0, t - k + 1)
-        frames = self._dataset(episode, "frames")[lo:t + 1]
+        frames = self.read(episode, "frames", slice(lo, t + 1))
         return schema.stack_frames(frames, t - lo, k)
 
     def summary(self) -> dict[str, Any]:
@@ -302,7 +320,9 @@ def validate_demo_file(path: str | os.PathLike[str]) -> DemoFile:
         for i in range(len(demo.episodes)):
             for key in schema.EPISODE_DATASETS:
                 demo.read(i, key)
-    except (OSError, RuntimeError, ValueError, KeyError) as error:
+    except (OSError, RuntimeError, ValueError, KeyError, DemoFileError) as error:
         demo.close()
+        if isinstance(error, DemoFileError):
+            raise
         raise DemoFileError(f"demo file {demo.path} is damaged: {_short(error)}") from None
     return demo

@@ -56,13 +56,15 @@ class EnvSpec:
         )
         if self.backend not in BACKENDS:
             raise EnvError(f"unknown emulator backend {self.backend!r}; known: {BACKENDS}")
+        # Upper bounds too: a spec read from a file must not make one step or one reset
+        # run for hours, and ALE takes 32-bit frame counts.
         checks = [
-            ("frame_skip", self.frame_skip >= 1),
+            ("frame_skip", 1 <= self.frame_skip <= 64),
             ("screen_size", 8 <= self.screen_size <= 512),
             ("frame_stack", 1 <= self.frame_stack <= 32),
-            ("noop_max", self.noop_max >= 0),
+            ("noop_max", 0 <= self.noop_max <= 10_000),
             ("repeat_action_probability", 0.0 <= self.repeat_action_probability < 1.0),
-            ("max_episode_frames", self.max_episode_frames >= 1),
+            ("max_episode_frames", 1 <= self.max_episode_frames <= 2**31 - 1),
         ]
         for name, ok in checks:
             if not ok:

@@ -28,10 +28,10 @@ import torch
 from tqdm import tqdm
 
 from .. import runs
-from ..agents import PolicyAgent, resolve_device
+from ..agents import SEED_MAX, PolicyAgent, resolve_device
 from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..envs import EnvSpec
-from ..errors import ConfigError, OakEmuError
+from ..errors import ConfigError, OakEmuError, check_options
 from ..metrics import MetricsLogger
 from ..model import PPOModel
 from .advantages import explained_variance, td_lambda
@@ -122,31 +122,42 @@ class PPOConfig:
     """Seeds the emulators, the sampling and the minibatches."""
     device: str = "auto"
     """auto (CUDA when present), cpu or cuda."""
+    # Default by measurement (benchmarks/ppo_throughput.py, Nature CNN, 2-core CPU shared
+    # with other jobs): one thread ran PPO ~7x faster than two (248 vs 36 SPS), because a
+    # second OpenMP thread waits at every barrier for a core that the emulator threads
+    # and other processes hold.
+    threads: int = 1
+    """Torch CPU threads while training (0: leave torch's default)."""
     progress: bool = True
     """Show a tqdm bar with SPS and recent return."""
 
     def __post_init__(self) -> None:
-        checks = [
-            ("total_steps", self.total_steps >= 1), ("num_envs", self.num_envs >= 1),
-            ("num_steps", self.num_steps >= 1), ("lr", self.lr > 0),
-            ("gamma", 0 < self.gamma <= 1), ("gae_lambda", 0 <= self.gae_lambda <= 1),
-            ("num_minibatches", 1 <= self.num_minibatches <= self.num_envs * self.num_steps),
-            ("update_epochs", self.update_epochs >= 1), ("clip_coef", self.clip_coef > 0),
-            ("ent_coef", self.ent_coef >= 0), ("vf_coef", self.vf_coef >= 0),
-            ("max_grad_norm", self.max_grad_norm > 0),
-            ("target_kl", self.target_kl is None or self.target_kl > 0),
-            ("warmup_updates", self.warmup_updates >= 0),
-            ("warmup_ramp_updates", self.warmup_ramp_updates >= 0),
-            ("kl_coef", self.kl_coef >= 0), ("kl_decay", 0 < self.kl_decay <= 1),
-            ("bc_coef", self.bc_coef >= 0), ("bc_decay", 0 < self.bc_decay <= 1),
-            ("bc_batch_size", self.bc_batch_size >= 1), ("eval_every", self.eval_every >= 0),
-            ("eval_episodes", self.eval_episodes >= 0),
-            ("eval_max_steps", self.eval_max_steps is None or self.eval_max_steps >= 1),
-            ("checkpoint_every", self.checkpoint_every >= 1),
-        ]
-        for name, ok in checks:
-            if not ok:
-                raise ConfigError(f"ppo option {name}={getattr(self, name)!r} is out of range")
+        check_options("ppo", self, [
+            ("total_steps", self.total_steps >= 1, "≥ 1"),
+            ("num_envs", self.num_envs >= 1, "≥ 1"), ("num_steps", self.num_steps >= 1, "≥ 1"),
+            ("lr", self.lr > 0, "> 0"), ("gamma", 0 < self.gamma <= 1, "in (0, 1]"),
+            ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
+            ("num_minibatches", 1 <= self.num_minibatches <= self.num_envs * self.num_steps,
+             f"from 1 to --num-envs × --num-steps ({self.num_envs * self.num_steps})"),
+            ("update_epochs", self.update_epochs >= 1, "≥ 1"),
+            ("clip_coef", self.clip_coef > 0, "> 0"), ("ent_coef", self.ent_coef >= 0, "≥ 0"),
+            ("vf_coef", self.vf_coef >= 0, "≥ 0"),
+            ("max_grad_norm", self.max_grad_norm > 0, "> 0"),
+            ("target_kl", self.target_kl is None or self.target_kl > 0, "> 0"),
+            ("warmup_updates", self.warmup_updates >= 0, "≥ 0"),
+            ("warmup_ramp_updates", self.warmup_ramp_updates >= 0, "≥ 0"),
+            ("kl_coef", self.kl_coef >= 0, "≥ 0"),
+            ("kl_decay", 0 < self.kl_decay <= 1, "in (0, 1]"),
+            ("bc_coef", self.bc_coef >= 0, "≥ 0"),
+            ("bc_decay", 0 < self.bc_decay <= 1, "in (0, 1]"),
+            ("bc_batch_size", self.bc_batch_size >= 1, "≥ 1"),
+            ("eval_every", self.eval_every >= 0, "≥ 0"),
+            ("eval_episodes", self.eval_episodes >= 0, "≥ 0"),
+            ("eval_max_steps", self.eval_max_steps is None or self.eval_max_steps >= 1, "≥ 1"),
+            ("checkpoint_every", self.checkpoint_every >= 1, "≥ 1"),
+            ("threads", self.threads >= 0, "≥ 0"),
+            ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
+        ])
 
     @property
     def batch_size(self) -> int:
@@ -214,6 +225,15 @@ def masked_kl(ref_logits: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor
     return terms.where(mask, torch.zeros_like(terms)).sum(-1).mean()
 
 
+def _mean(values: list) -> float | None:
+    """Mean of floats or of 0-d tensors (read out in one go); None when there are none."""
+    if not values:
+        return None
+    if isinstance(values[0], torch.Tensor):
+        return float(torch.stack(values).double().mean())
+    return float(np.mean(values))
+
+
 # -- the stage -----------------------------------------------------------------------------
 
 
@@ -277,8 +297,24 @@ def _greedy_eval(model: PPOModel, spec: EnvSpec, mask: torch.Tensor, config: PPO
             "eval/greedy_length": result.mean_length}
 
 
+def _diverged(what: str, update: int, last: Path | None) -> OakEmuError:
+    kept = (f"the last good checkpoint is {last} (continue from it with --resume, e.g. with "
+            "a lower --lr)" if last is not None else "no checkpoint was written by this run")
+    return OakEmuError(f"{what} at update {update}; training stopped, {kept}")
+
+
 def finetune_ppo(config: PPOConfig) -> Path:
     """Run PPO; returns the path of ppo.pt."""
+    threads = torch.get_num_threads()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        return _finetune_ppo(config)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _finetune_ppo(config: PPOConfig) -> Path:
     if config.from_scratch:  # nothing to protect: plain PPO
         config = dataclasses.replace(config, warmup_updates=0, warmup_ramp_updates=0,
                                      kl_coef=0.0, bc_coef=0.0)
@@ -346,7 +382,10 @@ def finetune_ppo(config: PPOConfig) -> Path:
     bar = tqdm(total=config.num_updates, initial=first_update - 1, disable=not config.progress,
                desc="ppo", unit="update")
 
+    saved = config.resume  # a resumed run starts from a good ppo_last.pt
+
     def save(path: Path, update: int, final: bool) -> None:
+        nonlocal saved
         extra = {"optimizer": optimizer.state_dict(), "reference": reference.state_dict(),
                  "generator": generator.get_state(), "torch_rng": torch.get_rng_state()}
         checkpoint = Checkpoint.from_model(
@@ -359,6 +398,7 @@ def finetune_ppo(config: PPOConfig) -> Path:
                                               "eval": last_eval},
         )
         save_checkpoint(path, checkpoint)
+        saved = True
 
     try:
         with MetricsLogger(run_dir, "ppo",
@@ -380,7 +420,15 @@ def finetune_ppo(config: PPOConfig) -> Path:
                 b_returns = returns.reshape(-1)
                 b_values = rollout.values.reshape(-1)
                 kl_w, bc_w = kl_weight(config, update), bc_weight(config, update)
-                stats: dict[str, list[float]] = {k: [] for k in (
+                ref_logits_all = None
+                if kl_w > 0:  # the frozen policy's logits, once per rollout, not per epoch
+                    with torch.no_grad():
+                        ref_logits_all = torch.cat([
+                            reference.get_logits(b_obs[b:b + minibatch])
+                            for b in range(0, config.batch_size, minibatch)])
+                # Detached 0-d tensors, read out once per update (a float() per minibatch
+                # would wait for the device every time).
+                stats: dict[str, list[torch.Tensor]] = {k: [] for k in (
                     "pg", "v", "ent", "kl_ref", "bc", "approx_kl", "old_approx_kl", "clipfrac")}
                 stop = False
                 for _ in range(config.update_epochs):
@@ -398,10 +446,10 @@ def finetune_ppo(config: PPOConfig) -> Path:
                         logratio = new_logprob - b_logprobs[idx]
                         ratio = logratio.exp()
                         with torch.no_grad():
-                            stats["old_approx_kl"].append(float((-logratio).mean()))
-                            stats["approx_kl"].append(float(((ratio - 1) - logratio).mean()))
+                            stats["old_approx_kl"].append((-logratio).mean())
+                            stats["approx_kl"].append(((ratio - 1) - logratio).mean())
                             stats["clipfrac"].append(
-                                float(((ratio - 1).abs() > config.clip_coef).float().mean()))
+                                ((ratio - 1).abs() > config.clip_coef).float().mean())
                         adv = b_adv[idx]
                         if config.norm_adv and len(idx) > 1:
                             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -410,12 +458,10 @@ def finetune_ppo(config: PPOConfig) -> Path:
                                        config.clip_coef, config.clip_vloss)
                         ent = entropy.mean()
                         loss = pg - config.ent_coef * ent + config.vf_coef * v
-                        if kl_w > 0:
-                            with torch.no_grad():
-                                ref_logits = reference.get_logits(obs)
-                            kl_ref = masked_kl(ref_logits, logits, mask)
+                        if ref_logits_all is not None:
+                            kl_ref = masked_kl(ref_logits_all[idx], logits, mask)
                             loss = loss + kl_w * kl_ref
-                            stats["kl_ref"].append(float(kl_ref.detach()))
+                            stats["kl_ref"].append(kl_ref.detach())
                         if demo_batches is not None and bc_w > 0:
                             from ..bootstrap.bc import bc_loss
 
@@ -423,50 +469,45 @@ def finetune_ppo(config: PPOConfig) -> Path:
                             bc = bc_loss(model.get_logits(d_obs.to(device)), d_act.to(device),
                                          mask)
                             loss = loss + bc_w * bc
-                            stats["bc"].append(float(bc.detach()))
+                            stats["bc"].append(bc.detach())
                         if not torch.isfinite(loss):
-                            raise OakEmuError(
-                                f"the PPO loss became {float(loss.detach())} at update {update}; "
-                                f"training stopped, the last good checkpoint is {resume_path}"
-                            )
+                            raise _diverged(f"the PPO loss became {float(loss.detach())}",
+                                            update, resume_path if saved else None)
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                                                    config.max_grad_norm)
                         if not torch.isfinite(grad_norm):
-                            raise OakEmuError(
-                                f"a PPO gradient became {float(grad_norm)} at update {update}; "
-                                f"training stopped, the last good checkpoint is {resume_path}"
-                            )
+                            raise _diverged(f"a PPO gradient became {float(grad_norm)}",
+                                            update, resume_path if saved else None)
                         optimizer.step()
-                        stats["pg"].append(float(pg.detach()))
-                        stats["v"].append(float(v.detach()))
-                        stats["ent"].append(float(ent.detach()))
-                    if config.target_kl is not None and np.mean(stats["approx_kl"][-1:]) > \
-                            config.target_kl:
+                        stats["pg"].append(pg.detach())
+                        stats["v"].append(v.detach())
+                        stats["ent"].append(ent.detach())
+                    if config.target_kl is not None and \
+                            float(stats["approx_kl"][-1]) > config.target_kl:
                         stop = True
                         break
                 collector.timings.learn += time.perf_counter() - learn_start
                 elapsed = time.perf_counter() - start_time
                 sps = (collector.global_step - start_step) / max(elapsed, 1e-9)
-                mean = lambda xs: float(np.mean(xs)) if xs else None  # noqa: E731
                 record = {
                     "charts/learning_rate": lr,
                     "charts/policy_lr_factor": factor,
                     "charts/SPS": sps,
-                    "charts/episodic_return": mean(list(collector.stats.returns)[-20:]),
-                    "charts/episodic_length": mean(list(collector.stats.lengths)[-20:]),
-                    "losses/policy_loss": mean(stats["pg"]),
-                    "losses/value_loss": mean(stats["v"]),
-                    "losses/entropy": mean(stats["ent"]),
-                    "losses/approx_kl": mean(stats["approx_kl"]),
-                    "losses/old_approx_kl": mean(stats["old_approx_kl"]),
-                    "losses/clipfrac": mean(stats["clipfrac"]),
+                    "charts/episodic_return": _mean(list(collector.stats.returns)[-20:]),
+                    "charts/episodic_length": _mean(list(collector.stats.lengths)[-20:]),
+                    "losses/policy_loss": _mean(stats["pg"]),
+                    "losses/value_loss": _mean(stats["v"]),
+                    "losses/entropy": _mean(stats["ent"]),
+                    "losses/approx_kl": _mean(stats["approx_kl"]),
+                    "losses/old_approx_kl": _mean(stats["old_approx_kl"]),
+                    "losses/clipfrac": _mean(stats["clipfrac"]),
                     "losses/explained_variance": explained_variance(
                         b_values.cpu().numpy(), b_returns.cpu().numpy()),
-                    "guards/kl_ref": mean(stats["kl_ref"]),
+                    "guards/kl_ref": _mean(stats["kl_ref"]),
                     "guards/kl_coef": kl_w,
-                    "guards/bc_loss": mean(stats["bc"]),
+                    "guards/bc_loss": _mean(stats["bc"]),
                     "guards/bc_coef": bc_w if demo_batches is not None else 0.0,
                     "guards/target_kl_stop": stop,
                     "charts/update": update,

@@ -1,0 +1,545 @@
+"""Scripted demonstrators for Pong and Breakout that read the emulator's RAM.
+
+They play well enough to seed behaviour cloning and, with `noise`, show recoveries from
+mistakes. Each step they read the ball and the paddle from RAM, predict the frame at which
+the ball will reach the paddle and where it will be then, and pick the action that starts
+the best short plan for the paddle.
+
+Both games read their paddle as an analog knob: one agent step of a held direction turns
+the knob by about 22 RAM units and the displayed paddle follows with a lag, one emulator
+frame at a time. `_PaddleResponse` holds that step response (its mean and spread, frame by
+frame, measured in the emulator with and without sticky actions); the planner adds up the
+responses of the last few actions and of every 4-step plan of {back, still, forward} and
+so knows, for each plan, where the paddle will be at the contact frame and how unsure that
+is (sticky actions make each press a few frames longer or shorter). A lone press moves the
+paddle 22 units but its first frames move it only 2-10, so pressing *late*, timed to the
+contact frame, is how the paddle lands within a few units of where it should be.
+
+Actions are chosen by meaning ("RIGHT", "LEFTFIRE", ...), never by index, so the minimal
+and the full action space both work, and only actions the spec's mask allows are taken.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..envs import EnvSpec, action_mask, action_meanings
+from ..errors import EnvError
+
+__all__ = [
+    "SCRIPTED_GAMES",
+    "BreakoutDemonstrator",
+    "PongDemonstrator",
+    "make_demonstrator",
+]
+
+_Row = tuple[float, ...]
+
+
+def _reflect(x: float, lo: float, hi: float) -> float:
+    """Fold `x` into [lo, hi] the way a ball bounces between two walls."""
+    span = hi - lo
+    if span <= 0:
+        return lo
+    x = (x - lo) % (2 * span)
+    return lo + (x if x <= span else 2 * span - x)
+
+
+def _norm_cdf(z: np.ndarray) -> np.ndarray:
+    """Standard normal CDF (Abramowitz & Stegun 7.1.26, error < 2e-7), vectorised."""
+    x = np.abs(z) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (
+        -1.453152027 + t * 1.061405429))))
+    erf = 1.0 - poly * np.exp(-x * x)
+    return 0.5 * (1.0 + np.sign(z) * erf)
+
+
+@dataclass(frozen=True)
+class _PaddleResponse:
+    """How the displayed paddle (RAM units) moves after one agent step of a held direction.
+
+    `mean[phase][i]` / `std[phase][i]` are the displacement's mean and standard deviation
+    i + 1 frames after the press began at a step boundary, from rest; after the last entry
+    the paddle has settled. `phase` tells apart games that move the paddle every other
+    frame. Measured in the emulator with sticky actions (`sticky`) and without (`plain`);
+    `for_stickiness` blends the two.
+    """
+
+    sticky_mean: tuple[_Row, ...]
+    sticky_std: tuple[_Row, ...]
+    plain_mean: tuple[_Row, ...]
+    plain_std: tuple[_Row, ...]
+    lo: float
+    hi: float
+
+    def for_stickiness(self, p: float) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, variance of one direction change) tables, each (phases, frames + 1) with
+        a leading 0 for "no frame yet", for repeat_action_probability `p`."""
+        w = min(max(p / 0.25, 0.0), 1.0)
+        mean = (1 - w) * np.array(self.plain_mean) + w * np.array(self.sticky_mean)
+        std = (1 - w) * np.array(self.plain_std) + w * np.array(self.sticky_std)
+        # A press changes direction twice (on and off); each change shifts the rest of
+        # the motion by a frame or so, so half the settled variance belongs to each.
+        var = np.minimum(std**2, std[:, -1:] ** 2 / 2)
+        pad = np.zeros((mean.shape[0], 1))
+        return np.hstack([pad, mean]), np.hstack([pad, var])
+
+
+class _ActionSet:
+    """The allowed actions of a spec, found by what they do: move (RIGHT / LEFT) and FIRE."""
+
+    def __init__(self, spec: EnvSpec) -> None:
+        self.meanings = action_meanings(spec.game, spec.full_action_space)
+        self.mask = action_mask(spec)
+        self.allowed = np.flatnonzero(self.mask)
+
+    def pick(self, horizontal: str | None, fire: bool | None) -> int | None:
+        """An allowed action with that horizontal part ("RIGHT", "LEFT" or None for
+        neither) and, unless `fire` is None, with or without FIRE; the shortest name
+        wins (NOOP before UP, RIGHT before UPRIGHT)."""
+        best: tuple[int, int] | None = None
+        for index in self.allowed:
+            name = self.meanings[index]
+            moves = "RIGHT" if "RIGHT" in name else "LEFT" if "LEFT" in name else None
+            if moves != horizontal or (fire is not None and ("FIRE" in name) != fire):
+                continue
+            if best is None or len(name) < best[0]:
+                best = (len(name), int(index))
+        return None if best is None else best[1]
+
+    def pick_plain(self, horizontal: str | None) -> int | None:
+        """Prefer the action without FIRE, take one with FIRE if that is all there is."""
+        found = self.pick(horizontal, False)
+        return self.pick(horizontal, None) if found is None else found
+
+    def names(self) -> str:
+        return ", ".join(self.meanings[i] for i in self.allowed)
+
+
+class _RamDemonstrator:
+    """Shared machinery: noise, seeding, the action set and the paddle planner."""
+
+    kind = "scripted"
+    game = ""
+    response: _PaddleResponse
+    right_sign = 1
+    """+1 when RIGHT makes the paddle's RAM coordinate grow, -1 when it shrinks it."""
+    plan_steps = 4
+    """Length of the plans the planner compares (every {-1, 0, +1} sequence)."""
+    base_var = 1.0
+    """Variance (RAM units²) of the paddle's position even when nothing is pressed."""
+    switch_cost = 1.0
+    """Cost, in RAM units of distance, of each change of direction in a far-off plan."""
+
+    def __init__(self, spec: EnvSpec, *, seed: int = 0, noise: float = 0.0) -> None:
+        if spec.game != self.game:
+            raise EnvError(f"{type(self).__name__} plays {self.game}, not {spec.game}")
+        if not 0.0 <= float(noise) <= 1.0:
+            raise EnvError(f"the demonstrator noise must be within 0..1, got {noise!r}")
+        if spec.frame_skip != 4:
+            raise EnvError(
+                f"the scripted {self.game} player is tuned for frame_skip 4, not "
+                f"{spec.frame_skip}"
+            )
+        self.spec = spec
+        self.seed = int(seed)
+        self.noise = float(noise)
+        self.actions = _ActionSet(spec)
+        idle = self.actions.pick_plain(None)
+        moves = {h: self.actions.pick_plain(h) for h in ("RIGHT", "LEFT")}
+        missing = [h for h, a in moves.items() if a is None] + (["still"] if idle is None else [])
+        if missing:
+            raise EnvError(
+                f"the scripted {self.game} player needs allowed actions that move the paddle "
+                "each way and one that leaves it still, but the action mask leaves no "
+                f"{' or '.join(missing)} action (allowed: {self.actions.names()})"
+            )
+        self._idle: int = idle  # type: ignore[assignment]
+        self._moves: dict[str, int] = moves  # type: ignore[assignment]
+        self._gain, self._switch_var = self.response.for_stickiness(
+            spec.repeat_action_probability)
+        self._plans = np.array(list(itertools.product((0, 1, -1), repeat=self.plan_steps)),
+                               dtype=float)
+        edges = np.zeros((len(self._plans), 1))
+        padded = np.hstack([edges, self._plans, edges])  # still before and after
+        self._plan_switches = (np.diff(padded, axis=1) != 0).sum(axis=1)
+        # Among plans that end equally well far from contact, move early: it leaves time
+        # to correct what sticky actions did.
+        self._plan_lateness = np.abs(self._plans) @ np.arange(self.plan_steps)
+        self._seed(self.seed)
+        self._forget()
+
+    # -- the Agent protocol -------------------------------------------------------------
+
+    def reset(self, env: Any, seed: int) -> None:
+        self._seed(self.seed, int(seed))
+        self._forget()
+
+    def act(self, env: Any, observation: np.ndarray) -> int:
+        action = self._scripted(env.unwrapped.ale.getRAM())
+        if self.noise > 0.0 and self.rng.random() < self.noise:
+            action = int(self.rng.choice(self.actions.allowed))
+        self._history.appendleft(self._direction_of(action))
+        return action
+
+    # -- helpers for the games ----------------------------------------------------------
+
+    def _seed(self, *entropy: int) -> None:
+        """Two independent streams from the seeds: `rng` draws the noise, `script_rng`
+        the script's own random choices, so changing one never shifts the other."""
+        sequence = np.random.SeedSequence([e % (1 << 64) for e in entropy])
+        noise, script = sequence.spawn(2)
+        self.rng = np.random.default_rng(noise)
+        self.script_rng = np.random.default_rng(script)
+
+    def _forget(self) -> None:
+        """Drop what was seen of the previous episode."""
+        self._history: deque[int] = deque([0] * 4, maxlen=4)  # newest first
+        self._ball_prev: tuple[float, float] | None = None
+        self._ball_v: tuple[float, float] | None = None
+
+    def _scripted(self, ram: np.ndarray) -> int:
+        raise NotImplementedError
+
+    def _direction_of(self, action: int) -> int:
+        name = self.actions.meanings[action]
+        if "RIGHT" in name:
+            return self.right_sign
+        if "LEFT" in name:
+            return -self.right_sign
+        return 0
+
+    def _action_for(self, direction: float) -> int:
+        if direction == 0:
+            return self._idle
+        return self._moves["RIGHT" if direction == self.right_sign else "LEFT"]
+
+    def _ball_velocity(self, x: float, y: float, limit: float, axis: int, lo: float,
+                       hi: float) -> tuple[float, float] | None:
+        """The ball's velocity per step, or None right after a serve or a jump.
+
+        Along `axis` (0: x, 1: y) the ball bounces off walls at `lo` and `hi`; a read
+        straddling a bounce shows a shortened, reversed motion, so near a wall a reversal
+        keeps the previous speed."""
+        prev, self._ball_prev = self._ball_prev, (x, y)
+        last, self._ball_v = self._ball_v, None
+        if prev is None:
+            return None
+        v = [x - prev[0], y - prev[1]]
+        if abs(v[0]) > limit or abs(v[1]) > limit:
+            return None
+        if last is not None and v[axis] * last[axis] < 0 and abs(v[axis]) < abs(last[axis]):
+            pos = (x, y)[axis]
+            if min(pos - lo, hi - pos) <= abs(last[axis]):
+                v[axis] = -last[axis]
+        self._ball_v = (v[0], v[1])
+        return self._ball_v
+
+    def _predict(self, d: float, phase: int, frames: int, history: deque[int] | None = None,
+                 clip: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and variance of the paddle position `frames` frames from now for each plan,
+        after the directions in `history` (newest first; default: the ones taken)."""
+        history = self._history if history is None else history
+        gain, svar = self._gain[phase], self._switch_var[phase]
+        last = len(gain) - 1
+
+        def g(x: np.ndarray | int, table: np.ndarray = gain) -> np.ndarray:
+            return table[np.clip(x, 0, last)]
+
+        # What past presses still owe, cut short by the wall the knob stops at.
+        owed = sum(u * (g(frames + 4 * j) - g(4 * j)) for j, u in enumerate(history, 1))
+        owed_all = sum(u * (gain[last] - g(4 * j)) for j, u in enumerate(history, 1))
+        if owed_all:
+            room = np.clip(d + owed_all, self.response.lo, self.response.hi) - d
+            owed *= room / owed_all
+        mean = np.full(len(self._plans), float(d) + owed)
+        prev = np.full(len(self._plans), float(history[0]))
+        var = np.full(len(self._plans), self.base_var)
+        for k in range(self.plan_steps):
+            u = self._plans[:, k]
+            mean += u * g(frames - 4 * k)
+            var += (u - prev) ** 2 * g(frames - 4 * k, svar)
+            prev = u
+        var += prev**2 * g(frames - 4 * self.plan_steps, svar)  # the release after the plan
+        if clip:
+            mean = np.clip(mean, self.response.lo, self.response.hi)
+        return mean, var
+
+    @staticmethod
+    def _zone_values(offset: np.ndarray, var: np.ndarray, edges: np.ndarray,
+                     values: np.ndarray, miss: float) -> np.ndarray:
+        """Expected value when `ball - paddle` ~ N(offset, var) and landing in
+        [edges[i], edges[i + 1]) is worth values[i], anywhere else `miss`."""
+        cdf = _norm_cdf((edges - offset[..., None]) / np.sqrt(var)[..., None])
+        zone = np.diff(cdf, axis=-1)
+        return zone @ values + (1.0 - zone.sum(axis=-1)) * miss
+
+    def _steer_to_zones(self, d: float, phase: int, frames: int, ball: float,
+                        edges: np.ndarray, values: np.ndarray, miss: float = -1.0) -> int:
+        """Direction that starts the plan with the best expected value at contact.
+
+        `ball - paddle` at the contact frame decides the outcome: inside
+        [edges[i], edges[i + 1]) it is worth values[i], outside all edges `miss`.
+        """
+        mean, var = self._predict(d, phase, frames)
+        value = self._zone_values(ball - mean, var, edges, values, miss)
+        value -= 1e-3 * self._plan_switches  # among equals, the calmest plan
+        return int(self._plans[int(np.argmax(value)), 0])
+
+    def _steer_ahead(self, d: float, phase: int, frames: int, ball: float,
+                     edges: np.ndarray, values: np.ndarray, miss: float = -1.0) -> int:
+        """For a contact still far off: the direction that starts the plan whose resting
+        place (a spread-out guess) leaves the best plan for when the contact is `frames`
+        (at most 4 * plan_steps) frames away."""
+        still: deque[int] = deque([0] * 4, maxlen=4)
+        offset, var = self._predict(0.0, phase, frames, still, clip=False)
+        lo, hi = self.response.lo, self.response.hi
+        spots = np.arange(math.floor(lo), math.ceil(hi) + 1, dtype=float)
+        paddle = np.clip(spots[:, None] + offset[None, :], lo, hi)
+        worth = self._zone_values(ball - paddle, var[None, :], edges, values, miss).max(axis=1)
+        rest, rest_var = self._predict(d, phase, 4 * self.plan_steps + 32)
+        weight = np.exp(-0.5 * (spots[None, :] - rest[:, None]) ** 2 / (rest_var[:, None] + self.rest_extra_var))
+        expected = (weight @ worth) / weight.sum(axis=1)
+        expected -= 1e-3 * self._plan_switches + 1e-4 * self._plan_lateness
+        return int(self._plans[int(np.argmax(expected)), 0])
+
+    def _steer_to(self, d: float, phase: int, target: float) -> int:
+        """Direction that starts the plan whose paddle settles nearest `target`."""
+        mean, _ = self._predict(d, phase, 4 * self.plan_steps + 32)
+        cost = (np.abs(mean - target) + self.switch_cost * self._plan_switches
+                + 1e-3 * self._plan_lateness)
+        return int(self._plans[int(np.argmin(cost)), 0])
+
+
+class PongDemonstrator(_RamDemonstrator):
+    """Pong, as the right-hand (green) paddle, from RAM.
+
+    RAM used: 51 = own paddle y (38 top .. 203 bottom), 49 / 54 = ball x / y (y = 0 while
+    no ball is in play), 50 = CPU paddle y, 8 = frame counter (the paddle moves on odd
+    frames only).
+
+    Strategy: two consecutive reads give the ball's velocity, hence the frame at which it
+    reaches our paddle's column (x = 188) and its y then, folding in bounces off the walls
+    at y = 45 and 206. At that frame `ball y - paddle y` decides the return: -2..0 sends
+    the ball up steeply (8 per step), 1..4 up, 5..8 flat, 9..12 down, 13..16 down steeply;
+    outside -2..16 the ball is missed. A steep return outruns the CPU paddle, which chases
+    the ball's y at under 2 units a frame and misses a ball more than 2 units above its
+    aim. So each return is valued by simulating the CPU against it (a likely winner
+    scores near 1, a rally goes on at `RALLY_VALUE`, a miss costs 1), and the planner
+    takes the plan with the best expected value given how unsure the paddle's position
+    at contact is: it goes for a steep return when it can place the paddle precisely and
+    a safe one when it cannot. While the ball travels away it waits mid-court.
+    """
+
+    game = "pong"
+    right_sign = -1  # RIGHT moves the paddle up, to smaller y.
+    response = _PaddleResponse(
+        sticky_mean=(
+            (0, 0, 4.8, 4.8, 13.0, 13.0, 17.9, 17.9, 20.4, 20.4, 21.7, 21.7, 22.4, 22.4,
+             22.5, 22.5),
+            (0, 2.2, 2.2, 8.8, 8.8, 15.8, 15.8, 19.3, 19.3, 21.2, 21.2, 22.3, 22.3, 22.5,
+             22.5, 22.5),
+        ),
+        sticky_std=(
+            (0, 0, 1.8, 1.8, 2.9, 2.9, 3.8, 3.8, 4.6, 4.6, 5.1, 5.1, 5.4, 5.4, 5.6, 5.9),
+            (0, 1.4, 1.4, 2.6, 2.6, 3.7, 3.7, 4.6, 4.6, 5.2, 5.2, 5.4, 5.4, 5.7, 5.8, 6.1),
+        ),
+        plain_mean=(
+            (0, 0, 5.8, 5.8, 14.4, 14.4, 18.6, 18.6, 20.6, 20.6, 21.6, 21.6, 22.4, 22.4,
+             22.4, 22.4),
+            (0, 2.8, 2.8, 10.1, 10.1, 16.7, 16.7, 19.7, 19.7, 21.4, 21.4, 22.4, 22.4, 22.4,
+             22.4, 22.4),
+        ),
+        plain_std=(
+            (0, 0, 0.4, 0.4, 0.8, 0.8, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 2.5, 2.5, 2.5, 2.6),
+            (1.5, 1.6, 1.6, 1.9, 1.7, 2.0, 1.8, 1.9, 1.9, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0),
+        ),
+        lo=38.0,
+        hi=203.0,
+    )
+
+    X_HIT = 188.0
+    """Ball x at the frame it meets our paddle."""
+    X_CPU = 69.0
+    """Ball x at the frame it meets the CPU paddle."""
+    Y_TOP, Y_BOTTOM = 45.0, 206.0
+    """Ball y at which it bounces off the walls."""
+    ZONE_EDGES = (-2.5, 0.5, 4.5, 8.5, 12.5, 16.5)
+    """Bounds of ball y - paddle y at contact for the returns below."""
+    ZONE_VY = (-8.0, -4.0, 0.0, 4.0, 8.0)
+    """The ball's vertical speed per step after a return from each zone."""
+    CPU_WINDOW = (-2.0, 16.0)
+    """The CPU paddle returns the ball when ball y - CPU y lies in this range at contact."""
+    CPU_SPEED = 1.75
+    """How far the CPU paddle moves towards the ball's y per frame, on average."""
+    RALLY_VALUE = 0.3
+    """Value of a return the CPU gets back, between a lost (-1) and a won (+1) point."""
+    look_ahead = True
+    rest_extra_var = 25.0
+    FAR_STD = 3.0
+    """Expected spread of the paddle at contact, for choosing a return while far off."""
+    REST_Y = 118.0
+    """Where the paddle waits while the ball travels away."""
+    SHAKE_AFTER, SHAKE = 6, 8.0
+    """After this many returns without a point, wait up to ±SHAKE off the chosen spot
+    (a fresh random offset per return): a rally can settle into a loop that repeats
+    exactly, for example with the paddle pinned against a wall."""
+
+    def _forget(self) -> None:
+        super()._forget()
+        self._returns = 0  # returns since the last point
+        self._incoming = False
+        self._shake = 0.0
+
+    def _scripted(self, ram: np.ndarray) -> int:
+        d = float(ram[51])
+        phase = int(ram[8]) & 1
+        bx, by = float(ram[49]), float(ram[54])
+        in_play = by != 0 and 0 < bx < 205
+        motion = (self._ball_velocity(bx, by, 16.0, 1, self.Y_TOP, self.Y_BOTTOM)
+                  if in_play else None)
+        if not in_play:  # a point was scored: a new rally begins
+            self._ball_prev = None
+            self._returns, self._incoming = 0, False
+        if motion is not None and motion[0] < 0 and self._incoming:
+            self._returns += 1
+            self._incoming = False
+        if motion is None or motion[0] <= 0 or bx > self.X_HIT:
+            return self._action_for(self._steer_to(d, phase, self.REST_Y))
+        if not self._incoming:
+            self._incoming = True
+            long_rally = self._returns >= self.SHAKE_AFTER
+            self._shake = self.script_rng.uniform(-self.SHAKE, self.SHAKE) if long_rally else 0.0
+        vx, vy = motion
+        frames = max(int(round((self.X_HIT - bx) * 4 / vx)), 0)
+        y_hit = _reflect(by + vy * frames / 4, self.Y_TOP, self.Y_BOTTOM)
+        values = np.array([self._return_value(y_hit, v, vx) for v in self.ZONE_VY])
+        edges = np.array(self.ZONE_EDGES)
+        if frames <= 4 * self.plan_steps:
+            return self._action_for(self._steer_to_zones(d, phase, frames, y_hit, edges,
+                                                         values))
+        if self.look_ahead:
+            near = frames - 4 * math.ceil((frames - 4 * self.plan_steps) / 4)
+            return self._action_for(self._steer_ahead(d, phase, near, y_hit + self._shake,
+                                                      edges, values))
+        # Far off: settle where the best return is likeliest given the usual spread.
+        centres = (edges[:-1] + edges[1:]) / 2
+        expected = self._zone_values(centres, np.full(len(centres), self.FAR_STD**2), edges,
+                                     values, -1.0)
+        target = y_hit - centres[int(np.argmax(expected))] + self._shake
+        return self._action_for(self._steer_to(d, phase, target))
+
+    def _return_value(self, y_hit: float, vy: float, vx_in: float) -> float:
+        """Worth of a return leaving `y_hit` with `vy` per step: simulate the CPU chase."""
+        vx = -abs(vx_in)
+        frames = int((self.X_HIT - self.X_CPU) * 4 / -vx)
+        cpu = y_hit  # the CPU has been chasing the incoming ball: assume it is level
+        y, vyf = y_hit, vy / 4
+        lo, hi = self.Y_TOP, self.Y_BOTTOM
+        for _ in range(frames):
+            y += vyf
+            if y < lo:
+                y, vyf = 2 * lo - y, -vyf
+            elif y > hi:
+                y, vyf = 2 * hi - y, -vyf
+            cpu += max(-self.CPU_SPEED, min(self.CPU_SPEED, y - cpu))
+        gap = y - cpu
+        low, high = self.CPU_WINDOW
+        margin = max(low - gap, gap - high)  # > 0: the CPU misses
+        win = 1.0 / (1.0 + math.exp(-margin / 1.5))
+        return win + (1.0 - win) * self.RALLY_VALUE
+
+
+class BreakoutDemonstrator(_RamDemonstrator):
+    """Breakout from RAM.
+
+    RAM used: 72 = paddle x (55 left .. 191 right), 99 / 101 = ball x / y (y = 0 while no
+    ball is in play).
+
+    Strategy: with no ball in play, press FIRE (or any allowed action with FIRE) to
+    serve. While the ball falls, two consecutive reads give its velocity, hence the frame
+    at which it reaches the paddle's row (y = 177) and its x then, folding in bounces off
+    the side walls at x = 56 and 200. At that frame the ball is returned when
+    `ball x - paddle x` lies in 1..17; the planner takes the plan most likely to put the
+    paddle there (its middle, ball x - 9, is the target). While the ball rises the paddle
+    follows it.
+    """
+
+    game = "breakout"
+    right_sign = 1
+    response = _PaddleResponse(
+        sticky_mean=((0, 2.1, 5.9, 10.5, 15.8, 19.2, 20.9, 22.0, 22.3, 22.4, 22.4, 22.4,
+                      22.4, 22.4, 22.4, 22.4),),
+        sticky_std=((0.7, 1.6, 2.8, 3.4, 3.9, 4.4, 5.0, 5.5, 5.8, 6.0, 6.1, 6.1, 6.1, 6.1,
+                     6.1, 6.1),),
+        plain_mean=((0, 2.8, 7.2, 12.0, 17.6, 20.5, 21.4, 22.4, 22.4, 22.4, 22.4, 22.4,
+                     22.4, 22.4, 22.4, 22.4),),
+        plain_std=((1.0, 1.0, 1.4, 1.4, 1.6, 1.7, 2.4, 2.5, 2.6, 2.6, 2.7, 2.7, 2.7, 2.7,
+                    2.7, 2.7),),
+        lo=55.0,
+        hi=191.0,
+    )
+
+    Y_HIT = 177.0
+    """Ball y at the frame it meets the paddle."""
+    X_LEFT, X_RIGHT = 56.0, 200.0
+    """Ball x at which it bounces off the side walls."""
+    HIT_ZONE = (0.5, 17.5)
+    """Ball x - paddle x at contact for which the ball is returned."""
+    CENTRE = 9.0
+    """Ball x - paddle x with the ball over the paddle's middle."""
+
+    def __init__(self, spec: EnvSpec, *, seed: int = 0, noise: float = 0.0) -> None:
+        super().__init__(spec, seed=seed, noise=noise)
+        fire = self.actions.pick(None, True)
+        if fire is None:
+            fire = self.actions.pick("RIGHT", True) or self.actions.pick("LEFT", True)
+        if fire is None:
+            raise EnvError(
+                "the scripted breakout player needs an allowed action with FIRE to serve "
+                f"the ball, but the action mask forbids them all (allowed: "
+                f"{self.actions.names()})"
+            )
+        self._fire = fire
+
+    def _scripted(self, ram: np.ndarray) -> int:
+        d = float(ram[72])
+        bx, by = float(ram[99]), float(ram[101])
+        if by == 0:
+            self._ball_prev = None
+            return self._fire
+        motion = self._ball_velocity(bx, by, 12.0, 0, self.X_LEFT, self.X_RIGHT)
+        if motion is None or motion[1] <= 0 or by > self.Y_HIT:
+            return self._action_for(self._steer_to(d, 0, bx - self.CENTRE))
+        vx, vy = motion
+        frames = max(int(round((self.Y_HIT - by) * 4 / vy)), 0)
+        x_hit = _reflect(bx + vx * frames / 4, self.X_LEFT, self.X_RIGHT)
+        if frames <= 4 * self.plan_steps:
+            return self._action_for(self._steer_to_zones(
+                d, 0, frames, x_hit, np.array(self.HIT_ZONE), np.array([1.0])))
+        return self._action_for(self._steer_to(d, 0, x_hit - self.CENTRE))
+
+
+SCRIPTED_GAMES: dict[str, type[_RamDemonstrator]] = {
+    "pong": PongDemonstrator,
+    "breakout": BreakoutDemonstrator,
+}
+"""ROM id → scripted demonstrator class."""
+
+
+def make_demonstrator(spec: EnvSpec, *, seed: int = 0, noise: float = 0.0) -> _RamDemonstrator:
+    """The scripted demonstrator for `spec.game`; EnvError for a game without one."""
+    cls = SCRIPTED_GAMES.get(spec.game)
+    if cls is None:
+        raise EnvError(
+            f"no scripted demonstrator for {spec.game}; scripted games: "
+            + ", ".join(SCRIPTED_GAMES)
+        )
+    return cls(spec, seed=seed, noise=noise)
