@@ -28,7 +28,6 @@ from ..fsutil import commit, temp_beside
 from . import schema
 from .reader import DemoFile
 
-
 # HDF5's 1.10 file format checksums every metadata block (superblock, object headers,
 # B-trees), so a damaged file is reported instead of parsed. Text attributes are stored as
 # fixed-length byte strings, inside those checksummed headers: h5py's default for `str`
