@@ -142,7 +142,8 @@ def _ale_vector_env(num_envs: int, seed: int):
     return AleVecEnv()
 
 
-def worker_sb3(steps: int, threads: int, seed: int, env_kind: str) -> dict:
+def worker_sb3(steps: int, threads: int, seed: int, env_kind: str,
+               channels_last: bool) -> dict:
     import torch
 
     torch.set_num_threads(threads)
@@ -170,6 +171,11 @@ def worker_sb3(steps: int, threads: int, seed: int, env_kind: str) -> dict:
                 n_epochs=4, learning_rate=lambda remaining: 2.5e-4 * remaining,
                 clip_range=0.1, clip_range_vf=0.1, ent_coef=0.01, vf_coef=0.5, gamma=0.99,
                 gae_lambda=0.95, max_grad_norm=0.5, seed=seed, device="cpu", verbose=0)
+    if channels_last:  # the layout ours trains in on CPU, for a like-for-like comparison
+        model.policy.to(memory_format=torch.channels_last)
+        extractor = model.policy.features_extractor
+        forward = extractor.forward
+        extractor.forward = lambda obs: forward(obs.contiguous(memory_format=torch.channels_last))
     split = {"rollout": 0.0, "learn": 0.0}
 
     def timed(name, fn):
@@ -199,6 +205,8 @@ def run_worker(side: str, args: argparse.Namespace, threads: int, seed: int) -> 
     command = [python, __file__, "--worker", side, "--steps", str(args.steps),
                "--threads", str(threads), "--seed", str(seed),
                "--sb3-env", args.sb3_env, "--ours-mode", args.ours_mode]
+    if args.sb3_channels_last:
+        command.append("--sb3-channels-last")
     env = os.environ | {"OMP_NUM_THREADS": str(threads)}
     done = subprocess.run(command, check=False, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -222,6 +230,8 @@ def main() -> None:
     parser.add_argument("--sb3-env", default="ale-vector",
                         choices=["ale-vector", "subproc", "dummy"])
     parser.add_argument("--sb3-python", type=Path, default=SB3_PYTHON)
+    parser.add_argument("--sb3-channels-last", action="store_true",
+                        help="train SB3's network in channels-last layout too (as ours on CPU)")
     parser.add_argument("--ours-mode", default="scratch", choices=["scratch", "warm"],
                         help="scratch: plain PPO like SB3; warm: the warm-start guards on "
                              "(critic-first warm-up, KL anchor)")
@@ -233,7 +243,8 @@ def main() -> None:
         print(json.dumps(worker_ours(args.steps, args.threads[0], args.seed, args.ours_mode)))
         return
     if args.worker == "sb3":
-        print(json.dumps(worker_sb3(args.steps, args.threads[0], args.seed, args.sb3_env)))
+        print(json.dumps(worker_sb3(args.steps, args.threads[0], args.seed, args.sb3_env,
+                                    args.sb3_channels_last)))
         return
     if "sb3" in args.sides and not args.sb3_python.exists():
         sys.exit(f"no SB3 virtualenv at {args.sb3_python}; see this script's docstring")
@@ -242,8 +253,8 @@ def main() -> None:
     results: dict[tuple[str, int], list[dict]] = {job: [] for job in jobs}
     load = [os.getloadavg()[0]]
     print(f"PPO throughput, Pong, {NUM_ENVS} envs x {NUM_STEPS} steps, {args.steps} env steps "
-          f"per run, {args.rounds} rounds, ours={args.ours_mode}, sb3 env={args.sb3_env}, "
-          f"{os.cpu_count()} CPUs")
+          f"per run, {args.rounds} rounds, ours={args.ours_mode}, sb3 env={args.sb3_env}"
+          f"{', sb3 channels-last' if args.sb3_channels_last else ''}, {os.cpu_count()} CPUs")
     for r in range(args.rounds):
         for side, threads in jobs if r % 2 == 0 else jobs[::-1]:
             result = run_worker(side, args, threads, args.seed + r)

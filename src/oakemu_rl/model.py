@@ -158,6 +158,12 @@ class PPOModel(nn.Module):
     # -- features -----------------------------------------------------------------------
 
     def _features(self, x: torch.Tensor) -> torch.Tensor:
+        first = self.conv[0]
+        if (x.dim() == 4 and isinstance(first, nn.Conv2d)
+                and first.weight.is_contiguous(memory_format=torch.channels_last)):
+            # A model moved to channels-last (PPO training on CPU does) gets its frames in
+            # the same layout, so no convolution has to reorder them (~10% per step).
+            x = x.contiguous(memory_format=torch.channels_last)
         if x.dtype == torch.uint8:
             # Frames arrive as stored; scaling here keeps rollouts and demos in uint8.
             x = x.float().div_(255.0)

@@ -122,10 +122,11 @@ class PPOConfig:
     """Seeds the emulators, the sampling and the minibatches."""
     device: str = "auto"
     """auto (CUDA when present), cpu or cuda."""
-    # Default by measurement (benchmarks/ppo_throughput.py, Nature CNN, 2-core CPU shared
-    # with other jobs): one thread ran PPO ~7x faster than two (248 vs 36 SPS), because a
-    # second OpenMP thread waits at every barrier for a core that the emulator threads
-    # and other processes hold.
+    # Default by measurement (benchmarks/ppo_throughput.py, Nature CNN, 8 envs, 2-core CPU
+    # shared with other jobs): under load (load average 4-5) two threads ran ~6x slower
+    # than one (36 vs 201 SPS): the second OpenMP thread waits at every barrier for a core
+    # that the emulator threads and other processes hold. On the idle machine two threads
+    # are 1.67x faster (681 vs 407 SPS): pass --threads 2 (or 0) on a machine of your own.
     threads: int = 1
     """Torch CPU threads while training (0: leave torch's default)."""
     progress: bool = True
@@ -223,6 +224,11 @@ def masked_kl(ref_logits: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor
     logp = torch.log_softmax(logits.masked_fill(~mask, low), -1)
     terms = ref_logp.exp() * (ref_logp - logp)
     return terms.where(mask, torch.zeros_like(terms)).sum(-1).mean()
+
+
+def _plain(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict in the default (NCHW) layout, whatever layout training uses."""
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
 
 
 def _mean(values: list) -> float | None:
@@ -331,6 +337,12 @@ def _finetune_ppo(config: PPOConfig) -> Path:
     else:
         model = start.build_model()
     model = model.to(device)
+    if device.type == "cpu":
+        # Measured (benchmarks/ppo_throughput.py, Nature CNN, 1 thread): oneDNN's
+        # channels-last convolutions make training ~1.4x faster than NCHW (432 vs 300
+        # SPS); the model lays its inputs out to match (PPOModel._features). Checkpoints
+        # are still written in the default layout (_plain).
+        model = model.to(memory_format=torch.channels_last)
     reference = copy.deepcopy(model).eval()  # the bootstrap policy the KL anchor holds to
     for parameter in reference.parameters():
         parameter.requires_grad_(False)
@@ -386,7 +398,7 @@ def _finetune_ppo(config: PPOConfig) -> Path:
 
     def save(path: Path, update: int, final: bool) -> None:
         nonlocal saved
-        extra = {"optimizer": optimizer.state_dict(), "reference": reference.state_dict(),
+        extra = {"optimizer": optimizer.state_dict(), "reference": _plain(reference),
                  "generator": generator.get_state(), "torch_rng": torch.get_rng_state()}
         checkpoint = Checkpoint.from_model(
             model, stage="ppo", action_meanings=start.action_meanings,
@@ -397,6 +409,7 @@ def _finetune_ppo(config: PPOConfig) -> Path:
             extra=({} if final else extra) | {"timings": collector.timings.as_dict(),
                                               "eval": last_eval},
         )
+        checkpoint.state_dict.update(_plain(model))
         save_checkpoint(path, checkpoint)
         saved = True
 
