@@ -65,14 +65,17 @@ class Budget:
     """A run that takes longer is killed and reported as a hang."""
     pipeline_marker: str = "[record] running"
     """Pipeline kills land this long after this line: from the first stage on."""
+    mid_write_first: bool = False
+    """Start the alternation with a mid-write kill on every other stage (record,
+    calibrate, pipeline), so that one kill per stage still covers both kinds."""
     finish_runs: bool = True
     """After the kills, also run bc and calibrate to the end (record, ppo and the pipeline
     always are: their checks need it)."""
 
 
 QUICK = Budget(record_episodes=3, record_max_steps=30, bc_epochs=12, calibrate_iterations=12,
-               ppo_total_steps=1024, pipeline_ppo_steps=256, window=1.5, timeout=120.0,
-               pipeline_marker="[bc] running", finish_runs=False)
+               ppo_total_steps=2048, pipeline_ppo_steps=256, window=1.5, timeout=120.0,
+               pipeline_marker="[bc] running", mid_write_first=True, finish_runs=False)
 
 
 @dataclass
@@ -83,10 +86,14 @@ class StageReport:
     finished_first: int = 0
     """Runs that ended before their kill moment (they are checked too)."""
     files_checked: int = 0
-    temp_files: int = 0
+    temp_paths: set[str] = field(default_factory=set)
     """Temporary files found after kills: each one is a kill that landed mid-write."""
     completions: int = 0
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def temp_files(self) -> int:
+        return len(self.temp_paths)
     notes: list[str] = field(default_factory=list)
 
 
@@ -129,12 +136,26 @@ def check_tree(folder: Path, report: StageReport) -> None:
         if not path.is_file() or "tb" in path.relative_to(folder).parts[:-1]:
             continue  # TensorBoard's event files are its own append-only format
         if TEMP.match(path.name):
-            report.temp_files += 1
+            report.temp_paths.add(str(path))
             continue
         problem = check_file(path)
         report.files_checked += 1
         if problem:
             report.problems.append(f"damaged output after a kill: {problem}")
+
+
+def _temps(folder: Path) -> set[str]:
+    """The temporary files `.NAME.tmp-*` in `folder`'s tree: writes in progress, or ones
+    a kill cut."""
+    found, stack = set(), [folder]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif TEMP.match(entry.name):
+                    found.add(entry.path)
+    return found
 
 
 def sha256(path: Path) -> str:
@@ -157,16 +178,21 @@ class Harness:
                         SDL_AUDIODRIVER="dummy", PYTHONUNBUFFERED="1")
         self.env.pop("PYTEST_CURRENT_TEST", None)
         self.runs = 0
+        self.mid_write = False
+        """When set, the next kill waits for a temporary file instead of a random delay."""
 
     def run(self, args: list[str], cwd: Path, *, marker: str | None = None,
             window: float = 0.0, ready: Callable[[int], bool] | None = None
             ) -> tuple[str, int | None, str]:
         """Run `oakemu ARGS`. With `marker`, SIGKILL it a random moment in [0, window]
-        seconds after `marker` appears in its output (and `ready(start_ns)` holds).
-        Returns (how it ended: "killed", "finished" or "hung", its exit code, its output)."""
+        seconds after `marker` appears in its output (and `ready(start_ns)` holds) or,
+        with `self.mid_write`, the moment a temporary file `.NAME.tmp-*` shows up in `cwd`
+        (a write in progress). Returns (how it ended: "killed", "finished" or "hung", its
+        exit code, its output)."""
         self.runs += 1
         log = cwd / f"run{self.runs:03d}.log"
         start_ns = time.time_ns()
+        stale = _temps(cwd)  # left by earlier kills: not a write of this run
         with open(log, "wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "oakemu_rl", *args], cwd=cwd,
                                     stdout=out, stderr=subprocess.STDOUT, env=self.env)
@@ -181,9 +207,14 @@ class Harness:
                     if time.monotonic() - started > self.budget.timeout:
                         raise TimeoutError
                     time.sleep(0.02)
-                deadline = time.monotonic() + self.rng.uniform(0.0, window)
-                while proc.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.005)
+                if self.mid_write:
+                    while proc.poll() is None and not _temps(cwd) - stale:
+                        if time.monotonic() - started > self.budget.timeout:
+                            raise TimeoutError
+                else:
+                    deadline = time.monotonic() + self.rng.uniform(0.0, window)
+                    while proc.poll() is None and time.monotonic() < deadline:
+                        time.sleep(0.005)
                 if proc.poll() is None:
                     os.kill(proc.pid, signal.SIGKILL)
                     how = "killed"
@@ -203,12 +234,16 @@ class Harness:
     def _kill_loop(self, report: StageReport, kills: int, attempt: Callable[[float], str]
                    ) -> None:
         """Call attempt(window) until `kills` runs were killed (at most 4 × kills runs); a
-        run that finishes first shrinks the window."""
+        run that finishes first shrinks the window. Every other kill aims at a write in
+        progress instead of a random moment."""
         window = self.budget.window
         for _ in range(4 * kills):
             if report.kills >= kills:
                 break
+            shift = self.budget.mid_write_first and STAGES.index(report.stage) % 2 == 0
+            self.mid_write = (report.kills + shift) % 2 == 1
             how = attempt(window)
+            self.mid_write = False
             if how == "killed":
                 report.kills += 1
             elif how == "finished":
@@ -574,7 +609,7 @@ max_steps = 30
 """
 
 
-HEADER = (f"{'command':<48}{'kills':>6}{'early':>6}{'files checked':>15}{'tmp left':>9}"
+HEADER = (f"{'command':<48}{'kills':>6}{'early':>6}{'file checks':>15}{'tmp left':>9}"
           f"{'completed':>10}  outcome")
 
 
@@ -593,7 +628,7 @@ def format_report(reports: list[StageReport]) -> str:
     total = sum(r.kills for r in reports)
     files = sum(r.files_checked for r in reports)
     bad = sum(len(r.problems) for r in reports)
-    lines.append(f"\n{total} kills, {files} output files checked after them, "
+    lines.append(f"\n{total} kills, {files} output-file checks after them, "
                  f"{sum(r.temp_files for r in reports)} temporary files left by kills "
                  f"mid-write, {bad} problems")
     return "\n".join(lines)
