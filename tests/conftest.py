@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,9 @@ os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 
 
 @pytest.fixture(autouse=True)
-def _private_runs_root(tmp_path_factory, monkeypatch) -> None:
-    """No test writes into the project's data/runs (nor reads a user's last run)."""
-    monkeypatch.setenv("OAKEMU_RUNS", str(tmp_path_factory.mktemp("runs")))
+def runs_root(tmp_path_factory, monkeypatch) -> Path:
+    """No test writes into the project's data/runs (nor reads a user's last run); tests
+    that check what a stage remembers read this root."""
+    root = tmp_path_factory.mktemp("runs")
+    monkeypatch.setenv("OAKEMU_RUNS", str(root))
+    return root

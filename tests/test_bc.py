@@ -41,24 +41,6 @@ SHOWN = (0, 2, 3)  # NOOP, RIGHT, LEFT: the actions the synthetic demonstrator p
 COLUMNS = {0: 2, 2: 16, 3: 30}  # the action's block starts at this column of the frame
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """On a shared 2-core machine two intra-op threads make a tiny model ~100x slower
-    (each op waits for a thread that is not scheduled); one thread keeps the tests fast."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def _runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Keep `.last-run` (and any default run directory) out of the checkout."""
-    root = tmp_path / "runs"
-    monkeypatch.setenv("OAKEMU_RUNS", str(root))
-    return root
-
-
 # -- synthetic demos -------------------------------------------------------------------------
 
 
@@ -542,7 +524,7 @@ def _one_error_line(output: str) -> str:
     return lines[0]
 
 
-def test_cli_bc_writes_its_files_and_remembers_the_run(tmp_path: Path, _runs_root: Path) -> None:
+def test_cli_bc_writes_its_files_and_remembers_the_run(tmp_path: Path, runs_root: Path) -> None:
     demo = visible_demo(tmp_path / "d.h5", lengths=(120, 120))
     start = small_checkpoint(tmp_path / "start.pt")
     run_dir = tmp_path / "run"
@@ -551,7 +533,7 @@ def test_cli_bc_writes_its_files_and_remembers_the_run(tmp_path: Path, _runs_roo
     assert f"wrote {run_dir / 'bc.pt'}" in result.output
     for name in ("bc.pt", "bc_metrics.jsonl", "bc_curves.png"):
         assert (run_dir / name).stat().st_size > 0, name
-    assert (_runs_root / ".last-run").read_text().strip() == str(run_dir.resolve())
+    assert (runs_root / ".last-run").read_text().strip() == str(run_dir.resolve())
     checkpoint = load_checkpoint(run_dir / "bc.pt")
     assert checkpoint.stage == "bc" and checkpoint.steps["epochs"] == 1
     assert checkpoint.config["demos"] == [str(demo)] and checkpoint.config["lr"] == 1e-3
@@ -560,15 +542,15 @@ def test_cli_bc_writes_its_files_and_remembers_the_run(tmp_path: Path, _runs_roo
     assert record["epoch"] == 1
 
 
-def test_cli_bc_defaults_to_the_games_run_dir(tmp_path: Path, _runs_root: Path) -> None:
+def test_cli_bc_defaults_to_the_games_run_dir(tmp_path: Path, runs_root: Path) -> None:
     demo = visible_demo(tmp_path / "d.h5", lengths=(64,))
     start = small_checkpoint(tmp_path / "start.pt")
     args = [a for a in _bc_args(demo, tmp_path, start) if a != str(tmp_path)]
     args.remove("--run-dir")
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    assert (_runs_root / "pong" / "bc.pt").exists()
-    assert (_runs_root / ".last-run").read_text().strip() == str((_runs_root / "pong").resolve())
+    assert (runs_root / "pong" / "bc.pt").exists()
+    assert (runs_root / ".last-run").read_text().strip() == str((runs_root / "pong").resolve())
     assert "no validation split" in result.output  # a single episode cannot be split
 
 

@@ -37,22 +37,6 @@ LOCAL = PPOModelConfiguration(conv_layers=((16, 6, 6),), fc_hidden=())
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """On a shared 2-core machine two intra-op threads make a tiny model ~100x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def _runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "runs"
-    monkeypatch.setenv("OAKEMU_RUNS", str(root))
-    return root
-
-
 def one_action_model(config: PPOModelConfiguration = SMALL, action: int = 0, seed: int = 0,
                      spec: EnvSpec = SPEC) -> PPOModel:
     """A random trunk whose policy plays `action` (logit 20 above the others) everywhere."""
@@ -280,7 +264,7 @@ def _visible_demo(path: Path, spec: EnvSpec = SPEC, length: int = 120) -> Path:
     return path
 
 
-def test_cli_calibrate_after_bc_finds_the_last_run(tmp_path: Path, _runs_root: Path) -> None:
+def test_cli_calibrate_after_bc_finds_the_last_run(tmp_path: Path, runs_root: Path) -> None:
     demo = _visible_demo(tmp_path / "demo.h5")
     start = save_bc(tmp_path / "start.pt", PPOModel(SPEC.observation_shape, len(MEANINGS),
                                                     SMALL))
@@ -290,7 +274,7 @@ def test_cli_calibrate_after_bc_finds_the_last_run(tmp_path: Path, _runs_root: P
                              "--epochs", "1", "--checkpoint", str(start), "--batch-size", "64",
                              "--augment-shift", "0", "--device", "cpu", "--no-progress"])
     assert bc.exit_code == 0, bc.output
-    assert (_runs_root / ".last-run").read_text().strip() == str(run_dir.resolve())
+    assert (runs_root / ".last-run").read_text().strip() == str(run_dir.resolve())
 
     result = runner.invoke(cli, CALIBRATE_ARGS)
     assert result.exit_code == 0, result.output
@@ -300,7 +284,7 @@ def test_cli_calibrate_after_bc_finds_the_last_run(tmp_path: Path, _runs_root: P
     assert Path(calibrated.config["source"]) == (run_dir / "bc.pt").resolve()
     assert calibrated.steps["calibrate_env_steps"] == 32 * 4
     _assert_policy_kept(load_checkpoint(run_dir / "bc.pt").state_dict, calibrated.state_dict)
-    assert not (_runs_root / "pong").exists()
+    assert not (runs_root / "pong").exists()
 
 
 def test_cli_calibrate_without_a_run_says_to_run_bc_first() -> None:

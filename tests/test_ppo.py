@@ -42,23 +42,6 @@ METRICS = ("charts/episodic_return", "charts/SPS", "charts/learning_rate",
            "losses/value_loss", "guards/kl_coef", "charts/update")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model runs far faster on one thread than on a shared, loaded machine's two."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Keep .last-run out of the real data/runs."""
-    root = tmp_path / "runs-root"
-    monkeypatch.setenv("OAKEMU_RUNS", str(root))
-    return root
-
-
 def spec_for(forbid: tuple[str, ...] = ()) -> EnvSpec:
     return EnvSpec(game="pong", forbidden_actions=forbid)
 

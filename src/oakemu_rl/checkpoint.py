@@ -14,14 +14,17 @@ import pickle
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import __version__
-from .errors import CheckpointError
+from .errors import CheckpointError, EnvError
 from .fsutil import atomic_write
 from .model import PPOModel, PPOModelConfiguration
+
+if TYPE_CHECKING:
+    from .envs import EnvSpec
 
 FORMAT = "oakemu-rl-checkpoint"
 SCHEMA_VERSION = 1
@@ -288,6 +291,29 @@ def _check_weights_fit(checkpoint: Checkpoint, path: Path) -> None:
             )
         if stored.is_floating_point() and not bool(torch.isfinite(stored).all()):
             raise CheckpointError(f"checkpoint {path} holds non-finite weights in {name}")
+
+
+def checkpoint_spec(checkpoint: Checkpoint, path: str | Path) -> EnvSpec:
+    """The checkpoint's env spec, refused if its game's actions or frames do not fit the model."""
+    from .envs import EnvSpec, action_meanings
+
+    try:
+        spec = EnvSpec.from_dict(checkpoint.env_spec)
+        meanings = list(action_meanings(spec.game, spec.full_action_space))
+    except EnvError as error:
+        raise CheckpointError(f"checkpoint {path} has an unusable env spec: {error}") from None
+    if meanings != list(checkpoint.action_meanings):
+        raise CheckpointError(
+            f"checkpoint {path} was made for the actions {', '.join(checkpoint.action_meanings)}"
+            f", but {spec.game} has {', '.join(meanings)}"
+        )
+    if tuple(checkpoint.observation_shape) != spec.observation_shape:
+        raise CheckpointError(
+            f"checkpoint {path} expects observations of shape "
+            f"{tuple(checkpoint.observation_shape)}, but its env spec gives "
+            f"{spec.observation_shape}"
+        )
+    return spec
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> PPOModel:

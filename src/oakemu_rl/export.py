@@ -37,9 +37,9 @@ import torch
 from torch import nn
 
 from . import __version__
-from .checkpoint import Checkpoint, load_checkpoint
+from .checkpoint import Checkpoint, checkpoint_spec, load_checkpoint
 from .envs import EnvSpec, action_meanings, make_env
-from .errors import CheckpointError, ConfigError, EnvError, OakEmuError
+from .errors import ConfigError, EnvError, OakEmuError
 from .fsutil import commit, temp_beside
 from .model import PPOModel
 
@@ -161,27 +161,6 @@ class _Logits(nn.Module):
 
 def _display_game(spec: EnvSpec) -> str:
     return "".join(part.capitalize() for part in spec.game.split("_"))
-
-
-def _checkpoint_spec(checkpoint: Checkpoint, path: Path) -> EnvSpec:
-    """The checkpoint's env spec, refused (as the tester does) if it does not fit the model."""
-    try:
-        spec = EnvSpec.from_dict(checkpoint.env_spec)
-        meanings = list(action_meanings(spec.game, spec.full_action_space))
-    except EnvError as error:
-        raise CheckpointError(f"checkpoint {path} has an unusable env spec: {error}") from None
-    if meanings != list(checkpoint.action_meanings):
-        raise CheckpointError(
-            f"checkpoint {path} was made for the actions {', '.join(checkpoint.action_meanings)}"
-            f", but {spec.game} has {', '.join(meanings)}"
-        )
-    if tuple(checkpoint.observation_shape) != spec.observation_shape:
-        raise CheckpointError(
-            f"checkpoint {path} expects observations of shape "
-            f"{tuple(checkpoint.observation_shape)}, but its env spec gives "
-            f"{spec.observation_shape}"
-        )
-    return spec
 
 
 def collect_observations(
@@ -341,7 +320,7 @@ def export_onnx(
     if source.exists() and target.exists() and os.path.samefile(source, target):
         raise ConfigError(f"refusing to export {source} over itself; choose another --out")
     loaded = load_checkpoint(source)
-    spec = _checkpoint_spec(loaded, source)
+    spec = checkpoint_spec(loaded, source)
     mask = np.asarray(loaded.action_mask, dtype=bool)
     model = loaded.build_model("cpu").eval()
     metadata = _metadata(loaded, spec, _sha256(source))

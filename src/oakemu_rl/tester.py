@@ -21,9 +21,9 @@ import numpy as np
 from tqdm import tqdm
 
 from .agents import Agent, PolicyAgent, resolve_device
-from .checkpoint import load_checkpoint
+from .checkpoint import checkpoint_spec, load_checkpoint
 from .envs import EnvSpec, action_mask, action_meanings, make_env
-from .errors import CheckpointError, ConfigError, EnvError, OakEmuError
+from .errors import ConfigError, OakEmuError
 from .fsutil import atomic_write, commit, temp_beside
 
 VIDEO_FORMATS = (".gif", ".mp4")
@@ -380,22 +380,7 @@ def load_policy_agent(
     """A greedy `PolicyAgent` for the checkpoint's model and mask, and the checkpoint's spec."""
     path = Path(checkpoint_path)
     checkpoint = load_checkpoint(path)
-    try:
-        spec = EnvSpec.from_dict(checkpoint.env_spec)
-    except EnvError as error:
-        raise CheckpointError(f"checkpoint {path} has an unusable env spec: {error}") from None
-    meanings = list(action_meanings(spec.game, spec.full_action_space))
-    if meanings != list(checkpoint.action_meanings):
-        raise CheckpointError(
-            f"checkpoint {path} was made for the actions {', '.join(checkpoint.action_meanings)}"
-            f", but {spec.game} has {', '.join(meanings)}"
-        )
-    if tuple(checkpoint.observation_shape) != spec.observation_shape:
-        raise CheckpointError(
-            f"checkpoint {path} expects observations of shape "
-            f"{tuple(checkpoint.observation_shape)}, but its env spec gives "
-            f"{spec.observation_shape}"
-        )
+    spec = checkpoint_spec(checkpoint, path)
     torch_device = resolve_device(device)
     model = checkpoint.build_model(torch_device)
     agent = PolicyAgent(model, np.asarray(checkpoint.action_mask, dtype=bool), greedy=True,
