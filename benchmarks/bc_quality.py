@@ -1,8 +1,9 @@
 """BC quality on a real game: does the cloned policy play like its demonstrator?
 
-    .venv/bin/python benchmarks/bc_quality.py --game pong --frames 30000 --epochs 4
+    .venv/bin/python benchmarks/bc_quality.py --game pong --frames 30000 --epochs 15
 
-Records about `--frames` frames of scripted demonstrations (with a little action noise),
+Records about `--frames` frames of scripted demonstrations in `--style` (with a little
+action noise),
 trains `oakemu bootstrap bc` on them, calibrates the critic, and scores greedily over
 `--episodes` episodes: the demonstrator, the BC policy, the calibrated policy (must equal
 BC) and a uniform random policy. Prints the scores, BC on the random-to-demonstrator scale
@@ -47,15 +48,19 @@ def main() -> None:
     parser.add_argument("--game", default="pong")
     parser.add_argument("--frames", type=int, default=30_000)
     parser.add_argument("--noise", type=float, default=0.03)
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--style", default="follow", help="scripted style: follow or planner")
+    parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--architecture", default="nature")
-    parser.add_argument("--augment-shift", type=int, default=4)
+    parser.add_argument("--augment-shift", type=int, default=0)
+    parser.add_argument("--head-gain", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--seed", type=int, default=0, help="BC seed")
     parser.add_argument("--episodes", type=int, default=5)
     parser.add_argument("--calibrate-iterations", type=int, default=8)
     parser.add_argument("--run-dir", default=None)
     args = parser.parse_args()
     spec = EnvSpec(game=args.game)
-    run_dir = Path(args.run_dir or f"data/runs/bench-bc-{spec.game}")
+    run_dir = Path(args.run_dir or f"data/runs/bench-bc-{spec.game}-{args.style}")
     run_dir.mkdir(parents=True, exist_ok=True)
     demos = run_dir / "demos.h5"
     walls = {}
@@ -64,7 +69,7 @@ def main() -> None:
     have = DemoFile(demos).num_steps if demos.exists() else 0
     seed = 0
     while have < args.frames:
-        agent = make_demonstrator(spec, seed=seed, noise=args.noise)
+        agent = make_demonstrator(spec, seed=seed, noise=args.noise, style=args.style)
         result = record(RecordConfig(out=demos, spec=spec, episodes=1, seed=seed), agent)
         have += result.episodes[0]["length"]
         seed += 1
@@ -75,8 +80,9 @@ def main() -> None:
 
     start = time.perf_counter()
     bc_path = train_bc(BCConfig(demos=(str(demos),), run_dir=str(run_dir), epochs=args.epochs,
-                                architecture=args.architecture,
-                                augment_shift=args.augment_shift))
+                                architecture=args.architecture, seed=args.seed,
+                                augment_shift=args.augment_shift, lr=args.lr,
+                                head_gain=args.head_gain))
     walls["bc"] = time.perf_counter() - start
     start = time.perf_counter()
     cal_path = calibrate(CalibrateConfig(run_dir=str(run_dir),
@@ -86,7 +92,8 @@ def main() -> None:
     config = EvalConfig(episodes=args.episodes, seed=1000)
     results = {}
     start = time.perf_counter()
-    results["demonstrator"] = evaluate(make_demonstrator(spec, seed=1000), spec, config)
+    results["demonstrator"] = evaluate(make_demonstrator(spec, seed=1000, style=args.style),
+                                       spec, config)
     results["random"] = evaluate(RandomAgent(action_mask(spec)), spec, config)
     for name, path in (("bc", bc_path), ("calibrated", cal_path)):
         agent, agent_spec = load_policy_agent(path, device="cpu")

@@ -23,7 +23,14 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
-from oakemu_rl.bootstrap.bc import BCConfig, bc_loss, evaluate_bc, random_shift, train_bc
+from oakemu_rl.bootstrap.bc import (
+    BCConfig,
+    _initial_model,
+    bc_loss,
+    evaluate_bc,
+    random_shift,
+    train_bc,
+)
 from oakemu_rl.bootstrap.data import DemoDataset, split_episodes
 from oakemu_rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
@@ -277,7 +284,7 @@ def test_random_shift_is_deterministic_for_a_seeded_generator() -> None:
 
 def test_bc_config_rejects_out_of_range_options() -> None:
     for bad in ({"epochs": 0}, {"lr": 0.0}, {"label_smoothing": 1.0}, {"augment_shift": 17},
-                {"val_fraction": 1.0}, {"lr_schedule": "step"}, {"demos": ()}):
+                {"head_gain": -1.0}, {"val_fraction": 1.0}, {"lr_schedule": "step"}, {"demos": ()}):
         with pytest.raises(ConfigError):
             BCConfig(**({"demos": ("x.h5",)} | bad))
 
@@ -294,6 +301,36 @@ def learned(tmp_path_factory: pytest.TempPathFactory) -> dict:
         mp.setenv("OAKEMU_RUNS", str(tmp / "runs"))
         path = train_bc(bc_config(demo, tmp / "run", start, epochs=5))
     return {"demo": demo, "start": start, "path": path, "run": tmp / "run"}
+
+
+@pytest.mark.parametrize("gain", [1.0, 0.3])
+def test_fresh_bc_model_gets_a_policy_head_of_the_chosen_gain(tmp_path: Path, gain: float) -> None:
+    demo = visible_demo(tmp_path / "demo.h5", lengths=(8, 8))
+    config = bc_config(demo, tmp_path, tmp_path / "unused.pt", checkpoint=None,
+                       architecture="tiny", head_gain=gain)
+    model = _initial_model(config, SPEC, MEANINGS)
+    weight = model.policy_head.weight.detach()  # (actions, features): orthogonal rows
+    torch.testing.assert_close(weight @ weight.T, gain**2 * torch.eye(len(MEANINGS)))
+    assert torch.count_nonzero(model.policy_head.bias) == 0
+    # The stored architecture keeps PPO's init, so `finetune ppo --from-scratch` still
+    # starts from a near-uniform policy.
+    assert model.model_config.policy_gain == 0.01
+
+
+def test_head_gain_zero_keeps_the_models_own_init(tmp_path: Path) -> None:
+    demo = visible_demo(tmp_path / "demo.h5", lengths=(8, 8))
+    config = bc_config(demo, tmp_path, tmp_path / "unused.pt", checkpoint=None,
+                       architecture="tiny", head_gain=0.0)
+    weight = _initial_model(config, SPEC, MEANINGS).policy_head.weight.detach()
+    torch.testing.assert_close(weight @ weight.T, 0.01**2 * torch.eye(len(MEANINGS)))
+
+
+def test_head_gain_leaves_a_start_checkpoints_head_alone(tmp_path: Path) -> None:
+    demo = visible_demo(tmp_path / "demo.h5", lengths=(8, 8))
+    start = small_checkpoint(tmp_path / "start.pt")
+    model = _initial_model(bc_config(demo, tmp_path, start, head_gain=1.0), SPEC, MEANINGS)
+    expected = load_checkpoint(start).build_model().policy_head.weight
+    assert torch.equal(model.policy_head.weight, expected)
 
 
 def test_bc_learns_an_action_visible_in_the_frame(learned: dict) -> None:

@@ -53,6 +53,23 @@ def test_scripted_recording_is_a_valid_file(scripted_file: Path) -> None:
         assert demo.spec == EnvSpec(game="pong")
 
 
+def test_record_and_test_in_the_follow_style(tmp_path: Path) -> None:
+    out = tmp_path / "follow.h5"
+    result = invoke("record", "--demonstrator", "scripted", "--style", "follow", "--episodes",
+                    "1", "--max-steps", "30", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    with DemoFile(out) as demo:
+        assert demo.num_steps == 30
+    result = invoke("test", "--demonstrator", "scripted", "--style", "follow", "--episodes", "1",
+                    "--max-steps", "30", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["scripted"]["lengths"] == [30]
+    result = invoke("record", "--demonstrator", "scripted", "--game", "breakout", "--style",
+                    "follow", "--out", str(tmp_path / "b.h5"))
+    assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1
+    assert "no style 'follow'" in result.output and not (tmp_path / "b.h5").exists()
+
+
 def test_appending_with_another_spec_is_refused(scripted_file: Path) -> None:
     before = scripted_file.read_bytes()
     result = invoke("record", "--demonstrator", "scripted", "--episodes", "1", "--max-steps",

@@ -126,6 +126,11 @@ def test_a_changed_setting_reruns_from_that_stage(finished, tmp_path: Path) -> N
         (("num_envs = 2\nholdout_envs = 1", "num_envs = 2\nholdout_envs = 5"),
          "holdout_envs=5 is out of range"),
         (("warmup_updates = 1", "warmup_updates = true"), "ppo.warmup_updates must be an integer"),
+        (("[demos]", '[demos]\nstyle = "fancy"'),
+         "demos.style='fancy' is not a style of the scripted pong player (styles: planner, "
+         "follow)"),
+        (('game = "pong"', 'game = "space_invaders"'),
+         "no scripted demonstrator for space_invaders: set demos.path"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path: Path, edit, message) -> None:

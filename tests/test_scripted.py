@@ -9,8 +9,10 @@ import pytest
 
 from oakemu_rl.demos.scripted import (
     SCRIPTED_GAMES,
+    SCRIPTED_STYLES,
     BreakoutDemonstrator,
     PongDemonstrator,
+    PongFollower,
     make_demonstrator,
 )
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings, make_env
@@ -49,6 +51,45 @@ def test_unknown_game_raises() -> None:
     with pytest.raises(EnvError, match="no scripted demonstrator for space_invaders; "
                                        "scripted games: pong, breakout"):
         make_demonstrator(EnvSpec(game="space_invaders"))
+
+
+def test_styles_and_unknown_style() -> None:
+    assert SCRIPTED_STYLES["pong"] == {"planner": PongDemonstrator, "follow": PongFollower}
+    for game, styles in SCRIPTED_STYLES.items():
+        assert styles["planner"] is SCRIPTED_GAMES[game]
+    assert isinstance(make_demonstrator(EnvSpec(game="pong"), style="follow"), PongFollower)
+    with pytest.raises(EnvError, match="scripted breakout player has no style 'follow'; "
+                                       "styles: planner"):
+        make_demonstrator(EnvSpec(game="breakout"), style="follow")
+
+
+def test_pong_follower_keeps_level_with_the_ball() -> None:
+    """The follower's paddle tracks the ball (it holds keys), unlike the planner's."""
+    spec = EnvSpec(game="pong", repeat_action_probability=0.0)
+
+    def paddle_and_ball(style: str) -> tuple[np.ndarray, float]:
+        env = make_env(spec)
+        agent = make_demonstrator(spec, style=style)
+        try:
+            observation, _ = env.reset(seed=0)
+            agent.reset(env, 0)
+            rows, total = [], 0.0
+            for _ in range(1500):
+                observation, reward, *_ = env.step(agent.act(env, observation))
+                total += float(reward)
+                ram = env.unwrapped.ale.getRAM()
+                if ram[54] != 0 and 0 < ram[49] < 205:  # a ball in play
+                    rows.append((float(ram[51]), float(ram[54])))
+            return np.array(rows), total
+        finally:
+            env.close()
+
+    follow, follow_total = paddle_and_ball("follow")
+    planner, _ = paddle_and_ball("planner")
+    follow_r = np.corrcoef(follow.T)[0, 1]
+    assert follow_r > 0.8, follow_r
+    assert follow_r > np.corrcoef(planner.T)[0, 1]
+    assert follow_total > -15  # it returns balls: a paddle that never moves loses ~every point
 
 
 def test_bad_noise_and_wrong_game_raise() -> None:

@@ -152,6 +152,9 @@ def _spec(game: str, repeat_action_probability: float, noop_max: int,
               help="Record a trained agent from this checkpoint instead (its env spec is used).")
 @click.option("--noise", type=_FiniteFloatRange(0, 1), default=0.0, show_default=True,
               help="Scripted demonstrator: chance per step of a random allowed action.")
+@click.option("--style", default="planner", show_default=True,
+              help="Scripted demonstrator: planner (plays best) or, on Pong, follow (holds "
+                   "keys towards the ball, which behaviour cloning copies well).")
 @click.option("--fps", type=_FiniteFloatRange(1, 1000), default=15.0, show_default=True,
               help="Keyboard: agent steps per second (15 is the game's normal speed).")
 @click.option("--max-steps", type=click.IntRange(1), default=None,
@@ -159,7 +162,8 @@ def _spec(game: str, repeat_action_probability: float, noop_max: int,
 @_seed_option()
 @click.option("--device", default="auto", show_default=True, help="--policy: auto, cpu or cuda.")
 def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, noise: float,
-           fps: float, max_steps: int | None, seed: int, device: str, **spec_options) -> None:
+           style: str, fps: float, max_steps: int | None, seed: int, device: str,
+           **spec_options) -> None:
     """Record demonstrations into an HDF5 file (one committed episode at a time)."""
     from pathlib import Path
 
@@ -177,7 +181,7 @@ def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, 
         if demonstrator == "scripted":
             from .demos.scripted import make_demonstrator
 
-            agent = make_demonstrator(spec, seed=seed, noise=noise)
+            agent = make_demonstrator(spec, seed=seed, noise=noise, style=style)
         else:
             from .demos.keyboard import KeyboardAgent, check_display, key_map_text
 
@@ -386,6 +390,8 @@ def ppo(**options) -> None:
 @click.argument("checkpoint", required=False, type=click.Path(path_type=str))
 @click.option("--demonstrator", type=click.Choice(["scripted"]), default=None,
               help="Also (or, without CHECKPOINT, only) score the scripted demonstrator.")
+@click.option("--style", default="planner", show_default=True,
+              help="--demonstrator scripted: which style plays (as for `oakemu record`).")
 @_spec_options
 @click.option("--episodes", type=click.IntRange(1), default=5, show_default=True)
 @click.option("--max-steps", type=click.IntRange(1), default=None,
@@ -397,9 +403,9 @@ def ppo(**options) -> None:
               help="Also (or instead) play an exported .onnx policy through onnxruntime.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the scores as JSON.")
-def test(checkpoint: str | None, demonstrator: str | None, onnx_path: str | None, episodes: int,
-         max_steps: int | None, seed: int, video: str | None, device: str, as_json: bool,
-         **spec_options) -> None:
+def test(checkpoint: str | None, demonstrator: str | None, style: str, onnx_path: str | None,
+         episodes: int, max_steps: int | None, seed: int, video: str | None, device: str,
+         as_json: bool, **spec_options) -> None:
     """Score a checkpoint by greedy play (argmax of the masked logits).
 
     With --demonstrator scripted the scripted player is scored the same way, on the
@@ -433,7 +439,8 @@ def test(checkpoint: str | None, demonstrator: str | None, onnx_path: str | None
         from .demos.scripted import make_demonstrator
 
         spec = spec or _spec(**spec_options)
-        results["scripted"] = evaluate(make_demonstrator(spec, seed=seed), spec, config)
+        results["scripted"] = evaluate(make_demonstrator(spec, seed=seed, style=style), spec,
+                                       config)
     if as_json:
         click.echo(json.dumps({k: v.to_dict() for k, v in results.items()}, indent=2))
     else:

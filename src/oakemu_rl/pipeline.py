@@ -44,6 +44,8 @@ class DemoSource:
     """Episodes the scripted demonstrator records when `path` is not given."""
     noise: float = 0.0
     """Scripted demonstrator: chance per step of a random allowed action."""
+    style: str = "planner"
+    """Scripted demonstrator's style: planner, or on Pong follow (which BC copies well)."""
     max_steps: int | None = None
     """Cut each recorded episode after this many agent steps."""
     seed: int = 0
@@ -180,6 +182,16 @@ def load_pipeline(path: str | Path) -> Pipeline:
             "ppo": _fields(PPOConfig, data.get("ppo", {}), "ppo", _STAGE_FIXED["ppo"]),
         }
         evaluate = EvalSettings(**_fields(EvalSettings, data.get("evaluate", {}), "evaluate"))
+        if demos.path is None:
+            from .demos.scripted import SCRIPTED_STYLES
+
+            styles = SCRIPTED_STYLES.get(env.game)
+            if styles is None:
+                raise ConfigError(f"no scripted demonstrator for {env.game}: set demos.path "
+                                  "to a recorded demo file")
+            if demos.style not in styles:
+                raise ConfigError(f"demos.style={demos.style!r} is not a style of the scripted "
+                                  f"{env.game} player (styles: {', '.join(styles)})")
         # Build each stage's config once now, so a bad value fails before any work starts.
         BCConfig(demos=("x.h5",), **stages["bc"])
         CalibrateConfig(**stages["calibrate"])
@@ -275,7 +287,8 @@ class PipelineRun:
 
             if demo_path.exists():  # a stale or partial recording of a changed config
                 demo_path.unlink()
-            agent = make_demonstrator(spec, seed=p.demos.seed, noise=p.demos.noise)
+            agent = make_demonstrator(spec, seed=p.demos.seed, noise=p.demos.noise,
+                                      style=p.demos.style)
             result = record(RecordConfig(out=demo_path, spec=spec, episodes=p.demos.episodes,
                                          seed=p.demos.seed, max_steps=p.demos.max_steps,
                                          progress=self.progress), agent)
@@ -346,7 +359,7 @@ class PipelineRun:
 
             spec = p.env.for_evaluation()
             if spec.game in SCRIPTED_GAMES:
-                agent = make_demonstrator(spec, seed=p.evaluate.seed)
+                agent = make_demonstrator(spec, seed=p.evaluate.seed, style=p.demos.style)
                 scores["demonstrator"] = evaluate(agent, spec, config).to_dict()
         atomic_write_text(self.run_dir / "test.json", json.dumps(scores, indent=2))
         return {"scores": {k: v["mean"] for k, v in scores.items()}}

@@ -34,8 +34,10 @@ from ..errors import EnvError
 
 __all__ = [
     "SCRIPTED_GAMES",
+    "SCRIPTED_STYLES",
     "BreakoutDemonstrator",
     "PongDemonstrator",
+    "PongFollower",
     "make_demonstrator",
 ]
 
@@ -450,6 +452,34 @@ class PongDemonstrator(_RamDemonstrator):
         return win + (1.0 - win) * self.RALLY_VALUE
 
 
+class PongFollower(PongDemonstrator):
+    """Pong the way a person holding a key plays it: keep the paddle level with the ball.
+
+    Each step it holds the direction that brings the paddle towards `ball y - OFFSET`
+    (the middle of the returns, flat) and lets go within `DEADBAND`; with no ball in play
+    it waits mid-court. Weaker than the planner (it loses most games), but every action
+    follows from the newest frame, so behaviour cloning can copy it: the planner's late,
+    sparse taps hang on timing the frames barely show, and a BC policy trained on them
+    never moves (benchmarks/bc_quality.py compares the two).
+    """
+
+    OFFSET = 7.0
+    """Ball y - paddle y it aims for (the middle of the -2..16 window that returns)."""
+    DEADBAND = 6.0
+    """No key while the paddle is this close to where it aims."""
+
+    def _scripted(self, ram: np.ndarray) -> int:
+        d = float(ram[51])
+        bx, by = float(ram[49]), float(ram[54])
+        in_play = by != 0 and 0 < bx < 205
+        target = min(max(by, self.Y_TOP), self.Y_BOTTOM) - self.OFFSET if in_play \
+            else self.REST_Y
+        error = target - d
+        if abs(error) <= self.DEADBAND:
+            return self._idle
+        return self._action_for(1 if error > 0 else -1)
+
+
 class BreakoutDemonstrator(_RamDemonstrator):
     """Breakout from RAM.
 
@@ -524,15 +554,30 @@ SCRIPTED_GAMES: dict[str, type[_RamDemonstrator]] = {
     "pong": PongDemonstrator,
     "breakout": BreakoutDemonstrator,
 }
-"""ROM id → scripted demonstrator class."""
+"""ROM id → scripted demonstrator class (its strongest style, "planner")."""
+
+SCRIPTED_STYLES: dict[str, dict[str, type[_RamDemonstrator]]] = {
+    "pong": {"planner": PongDemonstrator, "follow": PongFollower},
+    "breakout": {"planner": BreakoutDemonstrator},
+}
+"""ROM id → style → class. "planner" plays best; "follow" holds keys the way a person
+does, which behaviour cloning can copy."""
 
 
-def make_demonstrator(spec: EnvSpec, *, seed: int = 0, noise: float = 0.0) -> _RamDemonstrator:
-    """The scripted demonstrator for `spec.game`; EnvError for a game without one."""
-    cls = SCRIPTED_GAMES.get(spec.game)
-    if cls is None:
+def make_demonstrator(spec: EnvSpec, *, seed: int = 0, noise: float = 0.0,
+                      style: str = "planner") -> _RamDemonstrator:
+    """The scripted demonstrator for `spec.game` in `style`; EnvError for a game without
+    one or a style it lacks."""
+    styles = SCRIPTED_STYLES.get(spec.game)
+    if styles is None:
         raise EnvError(
             f"no scripted demonstrator for {spec.game}; scripted games: "
             + ", ".join(SCRIPTED_GAMES)
+        )
+    cls = styles.get(style)
+    if cls is None:
+        raise EnvError(
+            f"the scripted {spec.game} player has no style {style!r}; styles: "
+            + ", ".join(styles)
         )
     return cls(spec, seed=seed, noise=noise)
