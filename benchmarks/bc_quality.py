@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from oakemu_rl.agents import RandomAgent
 from oakemu_rl.bootstrap.bc import BCConfig, train_bc
 from oakemu_rl.bootstrap.calibrate import CalibrateConfig, calibrate
 from oakemu_rl.checkpoint import load_checkpoint
@@ -28,19 +29,6 @@ from oakemu_rl.demos.record import RecordConfig, record
 from oakemu_rl.demos.scripted import make_demonstrator
 from oakemu_rl.envs import EnvSpec, action_mask
 from oakemu_rl.tester import EvalConfig, evaluate, format_table, load_policy_agent
-
-
-class RandomAgent:
-    kind = "policy"
-
-    def __init__(self, mask: np.ndarray) -> None:
-        self.allowed = np.flatnonzero(mask)
-
-    def reset(self, env, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def act(self, env, observation) -> int:
-        return int(self.rng.choice(self.allowed))
 
 
 def main() -> None:

@@ -16,27 +16,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
+from oakemu_rl.agents import RandomAgent
 from oakemu_rl.demos import DemoFile
 from oakemu_rl.demos.record import RecordConfig, record
-from oakemu_rl.envs import EnvSpec, make_env
-
-
-class RandomAgent:
-    kind = "scripted"
-
-    def reset(self, env, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.n = env.action_space.n
-
-    def act(self, env, observation) -> int:
-        return int(self.rng.integers(self.n))
+from oakemu_rl.envs import EnvSpec, action_mask, make_env
 
 
 def agent_for(name: str, spec: EnvSpec):
     if name == "random":
-        return RandomAgent()
+        return RandomAgent(action_mask(spec))
     from oakemu_rl.demos.scripted import make_demonstrator
 
     return make_demonstrator(spec, seed=0)

@@ -1,7 +1,7 @@
 """Scores of the built-in scripted demonstrators over whole games.
 
     .venv/bin/python benchmarks/scripted_scores.py [--games pong breakout] [--episodes 5]
-        [--seed 0] [--noise 0.0] [--max-steps 27000]
+        [--seed 0] [--noise 0.0] [--max-steps 27000] [--style planner]
 
 Plays each game with the default EnvSpec (sticky actions 0.25, up to 30 NOOPs at the
 start, the full 108,000-frame episode limit) until the emulator ends the episode or
@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--noise", type=float, default=0.0,
                         help="Chance per step of a random allowed action.")
+    parser.add_argument("--style", default="planner",
+                        help="Demonstrator style (planner; follow on Pong).")
     parser.add_argument("--max-steps", type=int, default=27_000,
                         help="Agent steps after which an episode is cut.")
     args = parser.parse_args()
@@ -54,11 +56,12 @@ def main() -> None:
     for game in args.games:
         spec = EnvSpec(game=game)
         print(f"{spec.env_id}: sticky {spec.repeat_action_probability}, noise {args.noise}, "
+              f"style {args.style}, "
               f"{args.episodes} episode(s), seed {args.seed}")
         scores, total_steps, started = [], 0, time.perf_counter()
         for episode in range(args.episodes):
             seed = args.seed + episode
-            agent = make_demonstrator(spec, seed=seed, noise=args.noise)
+            agent = make_demonstrator(spec, seed=seed, noise=args.noise, style=args.style)
             score, steps, end = play_episode(spec, agent, seed, args.max_steps)
             scores.append(score)
             total_steps += steps

@@ -150,9 +150,16 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "does not exist" in result.output
 
 
-def test_shipped_presets_load() -> None:
-    root = Path(__file__).resolve().parents[1] / "pipelines"
-    names = sorted(p.name for p in root.glob("*.toml"))
-    assert {"pong.toml", "pong-quick.toml", "breakout.toml"} <= set(names)
-    for path in root.glob("*.toml"):
-        load_pipeline(path)
+PRESETS = sorted((Path(__file__).resolve().parents[1] / "pipelines").glob("*.toml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
+def test_shipped_presets_load(preset: Path) -> None:
+    pipeline = load_pipeline(preset)
+    assert pipeline.name == preset.stem
+    if pipeline.env.game == "pong":  # the style behaviour cloning copies
+        assert pipeline.demos.style == "follow"
+
+
+def test_the_presets_are_there() -> None:
+    assert {p.name for p in PRESETS} >= {"pong.toml", "pong-quick.toml", "breakout.toml"}

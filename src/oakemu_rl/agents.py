@@ -86,3 +86,21 @@ class PolicyAgent:
             return int(logits.argmax(-1).item())
         probs = torch.softmax(logits, -1)
         return int(torch.multinomial(probs, 1, generator=self.generator).item())
+
+
+class RandomAgent:
+    """Uniform over the allowed actions: the bottom of the random-to-demonstrator scale."""
+
+    kind = "policy"
+
+    def __init__(self, mask: np.ndarray) -> None:
+        self.allowed = np.flatnonzero(np.asarray(mask, dtype=bool))
+        if self.allowed.size == 0:
+            raise ValueError("the action mask allows no action")
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, env: Any, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, env: Any, observation: np.ndarray) -> int:
+        return int(self.rng.choice(self.allowed))

@@ -1,0 +1,228 @@
+"""Learning results on Pong: the warm start against the two ways PPO is usually started.
+
+    .venv/bin/oakemu pipeline run pipelines/pong.toml          # makes data/runs/pong
+    .venv/bin/python benchmarks/learning_results.py --source data/runs/pong --seeds 0 1 2
+
+Three arms fine-tune with the same PPO step budget, recipe and seeds:
+
+    full     calibrated.pt with the pipeline's warm-start guards (critic-first warm-up,
+             KL anchor, BC loss when the pipeline turns it on)
+    naive    bc.pt straight into PPO: no calibration, no guards
+    scratch  a fresh model (plain PPO)
+
+Every `--eval-every` updates the policy plays `--eval-episodes` greedy episodes; at the
+end each `ppo.pt`, the BC policy and the scripted demonstrator play `--final-episodes`
+greedy episodes on the same seeds. Prints, per arm (mean over seeds, and each seed):
+the lowest greedy score during the first 20% of fine-tuning (the collapse), the first step
+at which a greedy score reached `--goal`, and the final score; writes `results.md`,
+`results.json` and `learning_curves.png` under `--out`.
+
+Each (arm, seed) run lives in its own directory under `--out`; a run whose `result.json`
+exists is not run again, so adding seeds later only runs the new ones. Runs go `--jobs`
+at a time, one torch thread each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+ARMS = ("full", "naive", "scratch")
+GUARDS_OFF = {"warmup_updates": 0, "warmup_ramp_updates": 0, "kl_coef": 0.0, "bc_coef": 0.0}
+
+
+def _ppo_settings(pipeline_path: str) -> dict:
+    from oakemu_rl.pipeline import load_pipeline
+
+    return dict(load_pipeline(pipeline_path).ppo)
+
+
+def run_arm(arm: str, seed: int, args: dict) -> dict:
+    """One fine-tune; runs in a worker process."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from oakemu_rl.checkpoint import load_checkpoint
+    from oakemu_rl.finetune.ppo import PPOConfig, finetune_ppo
+    from oakemu_rl.metrics import read_metrics
+    from oakemu_rl.tester import EvalConfig, evaluate, load_policy_agent
+
+    source = Path(args["source"])
+    run_dir = Path(args["out"]) / f"{arm}-s{seed}"
+    settings = _ppo_settings(args["pipeline"]) if arm == "full" else {}
+    if arm != "full":
+        settings = {k: v for k, v in _ppo_settings(args["pipeline"]).items()
+                    if k not in GUARDS_OFF} | GUARDS_OFF
+    settings |= {"total_steps": args["steps"], "eval_every": args["eval_every"],
+                 "eval_episodes": args["eval_episodes"], "seed": seed, "threads": 1,
+                 "checkpoint_every": 10 ** 6, "progress": False, "device": "cpu"}
+    checkpoint = source / ("calibrated.pt" if arm == "full" else "bc.pt")
+    config = PPOConfig(run_dir=str(run_dir), checkpoint=str(checkpoint),
+                       from_scratch=arm == "scratch", **settings)
+    start = time.perf_counter()
+    path = finetune_ppo(config)
+    wall = time.perf_counter() - start
+    curve = [(r["step"], r["eval/greedy_return"])
+             for r in read_metrics(run_dir / "ppo_metrics.jsonl") if "eval/greedy_return" in r]
+    agent, spec = load_policy_agent(path, device="cpu")
+    final = evaluate(agent, spec, EvalConfig(episodes=args["final_episodes"], seed=1000,
+                                             progress=False))
+    timings = load_checkpoint(path).extra.get("timings", {})
+    result = {"arm": arm, "seed": seed, "steps": args["steps"], "curve": curve,
+              "final": final.to_dict(), "wall_seconds": wall, "timings": timings,
+              "config": dataclasses.asdict(config)}
+    (run_dir / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _reference_scores(args: argparse.Namespace) -> dict:
+    """BC, the scripted demonstrator and a random policy on the final test's seeds."""
+    from oakemu_rl.agents import RandomAgent
+    from oakemu_rl.demos.scripted import make_demonstrator
+    from oakemu_rl.envs import action_mask
+    from oakemu_rl.pipeline import load_pipeline
+    from oakemu_rl.tester import EvalConfig, evaluate, load_policy_agent
+
+    path = Path(args.out) / "reference.json"
+    scores = json.loads(path.read_text()) if path.exists() else {}
+    if "random" in scores:
+        return scores
+    pipeline = load_pipeline(args.pipeline)
+    config = EvalConfig(episodes=args.final_episodes, seed=1000, progress=False)
+    agent, spec = load_policy_agent(Path(args.source) / "bc.pt", device="cpu")
+    if "bc" not in scores:
+        scores["bc"] = evaluate(agent, spec, config).to_dict()
+        # The BC start, scored the way the fine-tunes' evaluations are (seed 10_000 + 0).
+        scores["start"] = evaluate(agent, spec, dataclasses.replace(
+            config, episodes=args.eval_episodes, seed=10_000, max_steps=5000)).to_dict()
+        demonstrator = make_demonstrator(spec, seed=1000, style=pipeline.demos.style)
+        scores["demonstrator"] = evaluate(demonstrator, spec, config).to_dict()
+    scores["random"] = evaluate(RandomAgent(action_mask(spec)), spec, config).to_dict()
+    path.write_text(json.dumps(scores, indent=2))
+    return scores
+
+
+def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> tuple[str, dict]:
+    bc, demo, rand = (reference[k]["mean"] for k in ("bc", "demonstrator", "random"))
+    rows, table = [], {}
+    for arm in ARMS:
+        runs = sorted((r for r in results if r["arm"] == arm), key=lambda r: r["seed"])
+        if not runs:
+            continue
+        early = [min((s for step, s in r["curve"] if step <= 0.2 * steps), default=np.nan)
+                 for r in runs]
+        reach = [next((step for step, s in r["curve"] if s >= goal), None) for r in runs]
+        final = [r["final"]["mean"] for r in runs]
+        table[arm] = {"seeds": [r["seed"] for r in runs], "early_min": early,
+                      "steps_to_goal": reach, "final": final,
+                      "sps": [steps / r["wall_seconds"] for r in runs]}
+        reached = [s for s in reach if s is not None]
+        per_seed = ", ".join(f"{e:+.0f}" for e in early)
+        rows.append(
+            f"| {arm} | {len(runs)} | {np.mean(early):+.1f} ({per_seed})"
+            f" | {len(reached)}/{len(runs)}"
+            + (f" (median {int(np.median(reached)):,})" if reached else "")
+            + f" | {np.mean(final):+.1f} ({', '.join(f'{f:+.1f}' for f in final)}) |")
+    text = "\n".join([
+        f"PPO budget {steps:,} agent steps; BC {bc:+.1f}, scripted demonstrator {demo:+.1f}, "
+        f"random {rand:+.1f} (greedy, {reference['bc']['episodes']} episodes each): BC at "
+        f"{100 * (bc - rand) / (demo - rand):.0f}% of the random-to-demonstrator scale.",
+        "",
+        "| arm | seeds | lowest greedy score in the first 20% (per seed) "
+        f"| reached {goal:+.0f} | final greedy score (per seed) |",
+        "| --- | --- | --- | --- | --- |",
+        *rows,
+    ])
+    return text, table
+
+
+def _plot(results: list[dict], reference: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {"full": "tab:green", "naive": "tab:orange", "scratch": "tab:blue"}
+    start = reference["start"]["mean"]
+    for arm in ARMS:
+        runs = [r for r in results if r["arm"] == arm]
+        if not runs:
+            continue
+        for r in runs:
+            points = ([(0, start)] if arm != "scratch" else []) + [tuple(p) for p in r["curve"]]
+            ax.plot(*zip(*points, strict=True), color=colours[arm], alpha=0.25, lw=1)
+        steps = sorted({p[0] for r in runs for p in r["curve"]})
+        mean = [np.mean([s for r in runs for st, s in r["curve"] if st == step]) for step in steps]
+        if arm != "scratch":
+            steps, mean = [0, *steps], [start, *mean]
+        ax.plot(steps, mean, "o-", ms=3, color=colours[arm], label=f"{arm} ({len(runs)} seeds)")
+    for name, style in (("bc", ":"), ("demonstrator", "--")):
+        ax.axhline(reference[name]["mean"], color="grey", ls=style, lw=1,
+                   label=f"{name} {reference[name]['mean']:+.1f}")
+    ax.set(xlabel="PPO agent steps", ylabel="greedy game score",
+           title="Pong: fine-tuning from the warm start vs the usual starts")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", default="data/runs/pong",
+                        help="pipeline run dir holding bc.pt and calibrated.pt")
+    parser.add_argument("--pipeline", default="pipelines/pong.toml",
+                        help="its pipeline file (PPO recipe and guards)")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=200_000)
+    parser.add_argument("--eval-every", type=int, default=8, help="updates between evaluations")
+    parser.add_argument("--eval-episodes", type=int, default=1)
+    parser.add_argument("--final-episodes", type=int, default=3)
+    parser.add_argument("--goal", type=float, default=15.0)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", default="data/runs/bench-learning")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("bc.pt", "calibrated.pt"):
+        if not (Path(args.source) / name).exists():
+            parser.error(f"{args.source}/{name} is missing: run `oakemu pipeline run "
+                         f"{args.pipeline}` first")
+
+    reference = _reference_scores(args)
+    todo = [(arm, seed) for seed in args.seeds for arm in args.arms
+            if not (out / f"{arm}-s{seed}" / "result.json").exists()]
+    if todo:
+        print(f"running {len(todo)} fine-tune(s), {args.jobs} at a time: "
+              + ", ".join(f"{a}-s{s}" for a, s in todo), flush=True)
+        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(run_arm, arm, seed, vars(args)): (arm, seed)
+                       for arm, seed in todo}
+            for future in futures:
+                result = future.result()
+                print(f"{result['arm']}-s{result['seed']}: final {result['final']['mean']:+.1f}, "
+                      f"{result['steps'] / result['wall_seconds']:.0f} SPS with evaluations",
+                      flush=True)
+    results = [json.loads((out / f"{arm}-s{seed}" / "result.json").read_text())
+               for seed in args.seeds for arm in args.arms
+               if (out / f"{arm}-s{seed}" / "result.json").exists()]
+    text, table = _summary(results, reference, args.goal, args.steps)
+    _plot(results, reference, out / "learning_curves.png")
+    (out / "results.md").write_text(text + "\n\n![learning curves](learning_curves.png)\n")
+    (out / "results.json").write_text(json.dumps({"reference": reference, "arms": table},
+                                                 indent=2))
+    print(text)
+    print(f"wrote {out / 'results.md'} and {out / 'learning_curves.png'}")
+
+
+if __name__ == "__main__":
+    main()
