@@ -3,8 +3,7 @@
     .venv/bin/python benchmarks/bc_quality.py --game pong --frames 30000 --epochs 15
 
 Records about `--frames` frames of scripted demonstrations in `--style` (with a little
-action noise),
-trains `oakemu bootstrap bc` on them, calibrates the critic, and scores greedily over
+action noise), trains `oakemu bootstrap bc` on them, calibrates the critic, and scores greedily over
 `--episodes` episodes: the demonstrator, the BC policy, the calibrated policy (must equal
 BC) and a uniform random policy. Prints the scores, BC on the random-to-demonstrator scale
 ((bc - random) / (demonstrator - random)), calibration explained variance and wall times.

@@ -55,10 +55,7 @@ def run_arm(arm: str, seed: int, args: dict) -> dict:
 
     source = Path(args["source"])
     run_dir = Path(args["out"]) / f"{arm}-s{seed}"
-    settings = _ppo_settings(args["pipeline"]) if arm == "full" else {}
-    if arm != "full":
-        settings = {k: v for k, v in _ppo_settings(args["pipeline"]).items()
-                    if k not in GUARDS_OFF} | GUARDS_OFF
+    settings = _ppo_settings(args["pipeline"]) | (GUARDS_OFF if arm != "full" else {})
     settings |= {"total_steps": args["steps"], "eval_every": args["eval_every"],
                  "eval_episodes": args["eval_episodes"], "seed": seed, "threads": 1,
                  "checkpoint_every": 10 ** 6, "progress": False, "device": "cpu"}
@@ -90,20 +87,20 @@ def _reference_scores(args: argparse.Namespace) -> dict:
     from oakemu_rl.tester import EvalConfig, evaluate, load_policy_agent
 
     path = Path(args.out) / "reference.json"
-    scores = json.loads(path.read_text()) if path.exists() else {}
-    if "random" in scores:
-        return scores
+    if path.exists():
+        return json.loads(path.read_text())
     pipeline = load_pipeline(args.pipeline)
     config = EvalConfig(episodes=args.final_episodes, seed=1000, progress=False)
     agent, spec = load_policy_agent(Path(args.source) / "bc.pt", device="cpu")
-    if "bc" not in scores:
-        scores["bc"] = evaluate(agent, spec, config).to_dict()
+    demonstrator = make_demonstrator(spec, seed=1000, style=pipeline.demos.style)
+    scores = {
+        "bc": evaluate(agent, spec, config).to_dict(),
         # The BC start, scored the way the fine-tunes' evaluations are (seed 10_000 + 0).
-        scores["start"] = evaluate(agent, spec, dataclasses.replace(
-            config, episodes=args.eval_episodes, seed=10_000, max_steps=5000)).to_dict()
-        demonstrator = make_demonstrator(spec, seed=1000, style=pipeline.demos.style)
-        scores["demonstrator"] = evaluate(demonstrator, spec, config).to_dict()
-    scores["random"] = evaluate(RandomAgent(action_mask(spec)), spec, config).to_dict()
+        "start": evaluate(agent, spec, dataclasses.replace(
+            config, episodes=args.eval_episodes, seed=10_000, max_steps=5000)).to_dict(),
+        "demonstrator": evaluate(demonstrator, spec, config).to_dict(),
+        "random": evaluate(RandomAgent(action_mask(spec)), spec, config).to_dict(),
+    }
     path.write_text(json.dumps(scores, indent=2))
     return scores
 
@@ -205,8 +202,7 @@ def main() -> None:
         print(f"running {len(todo)} fine-tune(s), {args.jobs} at a time: "
               + ", ".join(f"{a}-s{s}" for a, s in todo), flush=True)
         with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(run_arm, arm, seed, vars(args)): (arm, seed)
-                       for arm, seed in todo}
+            futures = [pool.submit(run_arm, arm, seed, vars(args)) for arm, seed in todo]
             for future in futures:
                 result = future.result()
                 print(f"{result['arm']}-s{result['seed']}: final {result['final']['mean']:+.1f}, "

@@ -550,18 +550,17 @@ class BreakoutDemonstrator(_RamDemonstrator):
         return self._action_for(self._steer_to(d, 0, x_hit - self.CENTRE))
 
 
-SCRIPTED_GAMES: dict[str, type[_RamDemonstrator]] = {
-    "pong": PongDemonstrator,
-    "breakout": BreakoutDemonstrator,
-}
-"""ROM id → scripted demonstrator class (its strongest style, "planner")."""
-
 SCRIPTED_STYLES: dict[str, dict[str, type[_RamDemonstrator]]] = {
     "pong": {"planner": PongDemonstrator, "follow": PongFollower},
     "breakout": {"planner": BreakoutDemonstrator},
 }
 """ROM id → style → class. "planner" plays best; "follow" holds keys the way a person
 does, which behaviour cloning can copy."""
+
+SCRIPTED_GAMES: dict[str, type[_RamDemonstrator]] = {
+    game: styles["planner"] for game, styles in SCRIPTED_STYLES.items()
+}
+"""ROM id → scripted demonstrator class (its strongest style, "planner")."""
 
 
 def make_demonstrator(spec: EnvSpec, *, seed: int = 0, noise: float = 0.0,
