@@ -16,7 +16,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from oakemu_rl.bootstrap.calibrate import CalibrateConfig, calibrate
+from oakemu_rl.bootstrap.calibrate import CalibrateConfig, calibrate, linear_ceiling
 from oakemu_rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
 from oakemu_rl.demos import DemoWriter, EpisodeBuffer
@@ -155,6 +155,23 @@ def test_held_out_explained_variance_rises(ev_run: dict) -> None:
     assert [r["losses/explained_variance"] for r in records] == pytest.approx(info["history"])
 
 
+def test_the_least_squares_ceiling_is_reported(ev_run: dict) -> None:
+    # LOCAL's features carry where the ball is, so least squares on them explains much of
+    # the return (the comment at LOCAL); a broken solve or mixed-up targets gives ~0 or less.
+    info = load_checkpoint(ev_run["path"]).extra["calibration"]
+    assert info["linear_ceiling_explained_variance"] > 0.3, info
+
+
+def test_linear_ceiling_recovers_a_linear_target() -> None:
+    torch.manual_seed(0)
+    features, held = torch.randn(400, 8), torch.randn(200, 8)
+    weights = torch.randn(8)
+    targets, held_targets = features @ weights + 0.5, held @ weights + 0.5
+    assert linear_ceiling(features, targets, held, held_targets) == pytest.approx(1.0, abs=1e-3)
+    noise = torch.randn(200)  # a target the features say nothing about
+    assert linear_ceiling(features, torch.randn(400), held, noise) < 0.05
+
+
 def test_ev_run_keeps_the_policy_too(ev_run: dict) -> None:
     bc = load_checkpoint(ev_run["run_dir"] / "bc.pt").state_dict
     _assert_policy_kept(bc, load_checkpoint(ev_run["path"]).state_dict)
@@ -162,7 +179,7 @@ def test_ev_run_keeps_the_policy_too(ev_run: dict) -> None:
 
 def test_calibrate_config_rejects_bad_options() -> None:
     for bad in ({"holdout_envs": 0}, {"holdout_envs": 4}, {"num_envs": 1}, {"target": "gae"},
-                {"gamma": 0.0}, {"gae_lambda": 1.5}, {"lr": 0.0}):
+                {"gamma": 0.0}, {"gae_lambda": 1.5}, {"lr": 0.0}, {"holdout_window": 0}):
         with pytest.raises(ConfigError):
             CalibrateConfig(**({"num_envs": 4} | bad))
 

@@ -79,7 +79,7 @@ def test_every_stage_runs_and_reports(finished) -> None:
     assert set(scores) == {"bc", "calibrate", "ppo", "demonstrator"}
     assert all(s["lengths"] == [30] for s in scores.values())
     for line in ("demonstrator", "bc ", "calibrated", "ppo ", "calibration explained variance",
-                 "record", "wall time"):
+                 "least-squares value head on the BC features", "record", "wall time"):
         assert line in output, line
     report = (run_dir / "report.md").read_text()
     assert "![BC train/validation curves](bc_curves.png)" in report

@@ -342,6 +342,7 @@ class PipelineRun:
         if calibration:
             info["explained_variance"] = calibration.get("explained_variance")
             info["initial_explained_variance"] = calibration.get("initial_explained_variance")
+            info["linear_ceiling"] = calibration.get("linear_ceiling_explained_variance")
         return info
 
     def _test(self) -> dict[str, Any]:
@@ -388,6 +389,9 @@ def summary_table(results: dict[str, StageResult]) -> str:
         lines.append("")
         lines.append(f"calibration explained variance {cal.info['initial_explained_variance']:.3f}"
                      f" -> {cal.info['explained_variance']:.3f} (held-out)")
+        if cal.info.get("linear_ceiling") is not None:
+            lines.append(f"  least-squares value head on the BC features: "
+                         f"{cal.info['linear_ceiling']:.3f}")
     lines.append("")
     lines.append("stage       wall time   steps")
     for stage in STAGES:

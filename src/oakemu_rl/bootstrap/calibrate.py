@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,9 @@ class CalibrateConfig:
     """Steps per env per iteration."""
     holdout_envs: int = 2
     """Envs whose rollouts are only used to measure explained variance."""
+    holdout_window: int = 8
+    """Iterations of held-out rollouts pooled for the explained variance (the policy is
+    frozen, so older rollouts stay on-policy; one rollout of two envs is too few rallies)."""
     iterations: int = 20
     """Most rollout-and-fit iterations."""
     target_explained_variance: float = 0.6
@@ -87,6 +91,7 @@ class CalibrateConfig:
             ("holdout_envs", 1 <= self.holdout_envs < self.num_envs,
              f"≥ 1 and below --num-envs ({self.num_envs})"),
             ("iterations", self.iterations >= 1, "≥ 1"),
+            ("holdout_window", self.holdout_window >= 1, "≥ 1"),
             ("gamma", 0 < self.gamma <= 1, "in (0, 1]"),
             ("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]"),
             ("epochs", self.epochs >= 1, "≥ 1"),
@@ -150,6 +155,22 @@ def _sample_demo_states(episodes, count: int, rng: np.random.Generator
     return torch.from_numpy(np.stack(obs)), torch.tensor(np.array(targets), dtype=torch.float32)
 
 
+def linear_ceiling(features: torch.Tensor, targets: torch.Tensor,
+                   held_features: torch.Tensor, held_targets: torch.Tensor) -> float:
+    """Held-out explained variance of the least-squares linear value head on these features.
+
+    The value head is linear and the trunk is frozen, so no fit can do much better than
+    this (up to the ridge term): a low figure says the BC features carry little of the
+    return, not that the fit went wrong."""
+    x = torch.cat([features.double(), torch.ones(len(features), 1, dtype=torch.float64)], 1)
+    gram = x.T @ x
+    ridge = 1e-3 * gram.diagonal().mean() * torch.eye(len(gram), dtype=torch.float64)
+    weights = torch.linalg.solve(gram + ridge, x.T @ targets.double())
+    held = torch.cat([held_features.double(),
+                      torch.ones(len(held_features), 1, dtype=torch.float64)], 1)
+    return explained_variance((held @ weights).float(), held_targets.float())
+
+
 def _check_policy_unchanged(before: dict[str, torch.Tensor], model: PPOModel) -> None:
     for name, tensor in model.state_dict().items():
         if not name.startswith("value_head.") and not torch.equal(before[name], tensor.cpu()):
@@ -186,6 +207,8 @@ def calibrate(config: CalibrateConfig) -> Path:
     fit_envs = config.num_envs - config.holdout_envs
     path = run_dir / runs.STAGE_FILES["calibrate"]
     best: dict = {"ev": -math.inf}
+    held_window: deque = deque(maxlen=config.holdout_window)
+    fit_window: deque = deque(maxlen=config.holdout_window)
     history: list[float] = []
     start_time = time.perf_counter()
     bar = tqdm(range(1, config.iterations + 1), disable=not config.progress,
@@ -198,11 +221,16 @@ def calibrate(config: CalibrateConfig) -> Path:
                 obs = rollout.obs[:, :fit_envs].reshape(-1, *rollout.obs.shape[2:])
                 fit_targets = targets[:, :fit_envs].reshape(-1)
                 held_obs = rollout.obs[:, fit_envs:].reshape(-1, *rollout.obs.shape[2:])
-                held_targets = targets[:, fit_envs:].reshape(-1)
+                with torch.no_grad():  # the trunk is frozen: its features never go stale
+                    held_window.append((model._features(held_obs),
+                                        targets[:, fit_envs:].reshape(-1)))
+                    fit_window.append((model._features(obs).cpu(), fit_targets.cpu()))
+                held_features = torch.cat([f for f, _ in held_window])
+                held_targets = torch.cat([t for _, t in held_window]).cpu()
                 if iteration == 1:
                     with torch.no_grad():
                         initial = explained_variance(
-                            model.get_value(held_obs).cpu(), held_targets.cpu())
+                            model.value_head(held_features)[:, 0].cpu(), held_targets)
                 demo_count = int(len(fit_targets) * config.demo_ratio)
                 if demo_episodes and demo_count > 0:
                     demo_obs, demo_t = _sample_demo_states(demo_episodes, demo_count, rng)
@@ -233,8 +261,8 @@ def calibrate(config: CalibrateConfig) -> Path:
                         losses.append(float(loss.detach()))
                 collector.timings.learn += time.perf_counter() - fit_start
                 with torch.no_grad():
-                    held_pred = model.get_value(held_obs).cpu()
-                ev = explained_variance(held_pred, held_targets.cpu())
+                    held_pred = model.value_head(held_features)[:, 0].cpu()
+                ev = explained_variance(held_pred, held_targets)
                 history.append(ev)
                 log.log(collector.global_step, {
                     "calibrate/iteration": iteration,
@@ -250,7 +278,7 @@ def calibrate(config: CalibrateConfig) -> Path:
                     best = {"ev": ev, "iteration": iteration,
                             "state": {k: v.detach().cpu().clone()
                                       for k, v in model.value_head.state_dict().items()},
-                            "pred": held_pred.numpy(), "target": held_targets.cpu().numpy()}
+                            "pred": held_pred.numpy(), "target": held_targets.numpy()}
                 if not math.isnan(ev) and ev >= config.target_explained_variance:
                     break
     finally:
@@ -260,6 +288,10 @@ def calibrate(config: CalibrateConfig) -> Path:
     if "state" in best:
         model.value_head.load_state_dict(best["state"])
     _check_policy_unchanged(before, model)
+    ceiling = linear_ceiling(torch.cat([f for f, _ in fit_window]),
+                             torch.cat([t for _, t in fit_window]),
+                             torch.cat([f for f, _ in held_window]).cpu(),
+                             torch.cat([t for _, t in held_window]).cpu())
     wall = time.perf_counter() - start_time
     result = Checkpoint.from_model(
         model,
@@ -275,6 +307,7 @@ def calibrate(config: CalibrateConfig) -> Path:
             "explained_variance": float(best["ev"]) if "state" in best else float("nan"),
             "initial_explained_variance": float(initial),
             "best_iteration": int(best.get("iteration", 0)),
+            "linear_ceiling_explained_variance": float(ceiling),
             "wall_seconds": float(wall),
             "history": [float(h) for h in history],
         }},
@@ -287,5 +320,6 @@ def calibrate(config: CalibrateConfig) -> Path:
     if config.progress:
         tqdm.write(f"explained variance {initial:.3f} -> {best.get('ev', float('nan')):.3f} "
                    f"(held-out, best of {len(history)} iterations) in {wall:.0f}s; "
+                   f"a least-squares value head on the same features reaches {ceiling:.3f}; "
                    f"wrote {path}")
     return path
