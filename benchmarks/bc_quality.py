@@ -9,6 +9,10 @@ BC) and a uniform random policy. Prints the scores, BC on the random-to-demonstr
 ((bc - random) / (demonstrator - random)), calibration explained variance and wall times.
 Everything lands in `--run-dir` (default data/runs/bench-bc-GAME), so the stages can be
 inspected (bc_curves.png, calibration_scatter.png).
+
+`--relabel-episodes N` adds one DAgger round: the clone plays N episodes while the script
+labels every frame (`oakemu record --relabel`), a fresh BC model trains on the demos and
+those frames (in RUN_DIR/relabel), and it is scored beside the first clone.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="BC seed")
     parser.add_argument("--episodes", type=int, default=5)
     parser.add_argument("--calibrate-iterations", type=int, default=8)
+    parser.add_argument("--relabel-episodes", type=int, default=0,
+                        help="also score BC after one relabelling round of this many episodes")
     parser.add_argument("--run-dir", default=None)
     args = parser.parse_args()
     spec = EnvSpec(game=args.game)
@@ -75,6 +81,22 @@ def main() -> None:
     cal_path = calibrate(CalibrateConfig(run_dir=str(run_dir),
                                          iterations=args.calibrate_iterations))
     walls["calibrate"] = time.perf_counter() - start
+    agents = {"bc": bc_path, "calibrated": cal_path}
+    if args.relabel_episodes:
+        start = time.perf_counter()
+        relabelled = run_dir / "relabelled.h5"
+        if not relabelled.exists():
+            driver, driver_spec = load_policy_agent(bc_path, device="cpu")
+            record(RecordConfig(out=relabelled, spec=driver_spec,
+                                episodes=args.relabel_episodes, seed=5000),
+                   make_demonstrator(driver_spec, seed=0, style=args.style), driver)
+        walls["relabel record"] = time.perf_counter() - start
+        start = time.perf_counter()
+        agents["bc+relabel"] = train_bc(BCConfig(
+            demos=(str(demos), str(relabelled)), run_dir=str(run_dir / "relabel"),
+            epochs=args.epochs, architecture=args.architecture, seed=args.seed,
+            augment_shift=args.augment_shift, lr=args.lr, head_gain=args.head_gain))
+        walls["relabel bc"] = time.perf_counter() - start
 
     config = EvalConfig(episodes=args.episodes, seed=1000)
     results = {}
@@ -82,7 +104,7 @@ def main() -> None:
     results["demonstrator"] = evaluate(make_demonstrator(spec, seed=1000, style=args.style),
                                        spec, config)
     results["random"] = evaluate(RandomAgent(action_mask(spec)), spec, config)
-    for name, path in (("bc", bc_path), ("calibrated", cal_path)):
+    for name, path in agents.items():
         agent, agent_spec = load_policy_agent(path, device="cpu")
         results[name] = evaluate(agent, agent_spec, config)
     walls["test"] = time.perf_counter() - start
@@ -93,6 +115,9 @@ def main() -> None:
     metrics = load_checkpoint(bc_path).extra["metrics"]
     calibration = load_checkpoint(cal_path).extra["calibration"]
     print(f"BC on the random-to-demonstrator scale: {100 * scale:.0f}%  (target >= 80%)")
+    if "bc+relabel" in results:
+        relabel = (results["bc+relabel"].mean - rand) / (demo - rand) if demo != rand else 0
+        print(f"BC after one relabelling round: {100 * relabel:.0f}%")
     print(f"BC best epoch: val loss {metrics.get('bc/val_loss', float('nan')):.3f}, "
           f"val accuracy {metrics.get('bc/val_accuracy', float('nan')):.3f}")
     print(f"calibration explained variance {calibration['initial_explained_variance']:.3f} -> "

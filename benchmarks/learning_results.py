@@ -10,7 +10,7 @@ Three arms fine-tune with the same PPO step budget, recipe and seeds:
     naive    bc.pt straight into PPO: no calibration, no guards
     scratch  a fresh model (plain PPO)
 
-Every `--eval-every` updates the policy plays `--eval-episodes` greedy episodes; at the
+Every `--eval-every` updates the policy plays `--eval-episodes` greedy whole games; at the
 end each `ppo.pt`, the BC policy and the scripted demonstrator play `--final-episodes`
 greedy episodes on the same seeds. Prints, per arm (mean over seeds, and each seed):
 the lowest greedy score during the first 20% of fine-tuning (the collapse), the first step
@@ -97,7 +97,7 @@ def _reference_scores(args: argparse.Namespace) -> dict:
         "bc": evaluate(agent, spec, config).to_dict(),
         # The BC start, scored the way the fine-tunes' evaluations are (seed 10_000 + 0).
         "start": evaluate(agent, spec, dataclasses.replace(
-            config, episodes=args.eval_episodes, seed=10_000, max_steps=5000)).to_dict(),
+            config, episodes=args.eval_episodes, seed=10_000)).to_dict(),
         "demonstrator": evaluate(demonstrator, spec, config).to_dict(),
         "random": evaluate(RandomAgent(action_mask(spec)), spec, config).to_dict(),
     }

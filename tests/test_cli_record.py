@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -125,6 +126,28 @@ def test_record_a_policy(checkpoint: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     with DemoFile(out) as demo:
         assert demo.episodes[0].recorder == "policy" and demo.episodes[0].length == 20
+
+
+def test_record_relabelled_by_the_script(checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "relabelled.h5"
+    result = invoke("record", "--demonstrator", "scripted", "--style", "follow", "--relabel",
+                    str(checkpoint), "--episodes", "1", "--max-steps", "25", "--out", str(out),
+                    "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    follower = tmp_path / "follower.h5"  # the script playing by itself from the same seed
+    assert invoke("record", "--demonstrator", "scripted", "--style", "follow", "--episodes",
+                  "1", "--max-steps", "25", "--out", str(follower)).exit_code == 0
+    with validate_demo_file(out) as demo, DemoFile(follower) as alone:
+        assert demo.episodes[0].recorder == "relabelled" and demo.episodes[0].length == 25
+        # Same first frame; then the checkpoint's moves, not the script's, steer the game.
+        np.testing.assert_array_equal(demo.read(0, "frames")[0], alone.read(0, "frames")[0])
+        assert not np.array_equal(demo.read(0, "frames"), alone.read(0, "frames"))
+    for bad in (["--relabel", str(checkpoint)],
+                ["--demonstrator", "scripted", "--policy", str(checkpoint), "--relabel",
+                 str(checkpoint)]):
+        result = invoke("record", *bad, "--out", str(tmp_path / "x.h5"))
+        assert result.exit_code != 0 and "--relabel needs --demonstrator scripted" in result.output
+        assert not (tmp_path / "x.h5").exists()
 
 
 def test_test_command_compares_checkpoint_and_scripted(checkpoint: Path) -> None:

@@ -8,6 +8,7 @@ process with a time limit, so a bug shows up as a failure instead of a stuck tes
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.metadata
 import json
@@ -463,6 +464,36 @@ def test_record_discard_and_stop(tmp_path):
     with validate_demo_file(path) as demo:
         assert [e.seed for e in demo.episodes] == [10, 11]
         np.testing.assert_array_equal(demo.read(1, "actions"), agent.episodes[2]["actions"])
+
+
+def test_relabelling_stores_the_labels_and_plays_the_driver(tmp_path):
+    # The driver and the labeller pick from different seeded streams; the trajectory must be
+    # the driver's alone (same frames as the driver recording by itself), the actions the
+    # labeller's.
+    driver, labeller = RandomAgent(), RandomAgent(allowed=[2, 3])
+    config = RecordConfig(out=tmp_path / "relabelled.h5", episodes=2, seed=5, max_steps=40,
+                          progress=False)
+    result = record(config, labeller, driver)
+    record(dataclasses.replace(config, out=tmp_path / "alone.h5"), RandomAgent())
+    assert [e["seed"] for e in result.episodes] == [5, 6]
+    with validate_demo_file(config.out) as demo, DemoFile(tmp_path / "alone.h5") as ref:
+        assert [e.recorder for e in demo.episodes] == ["relabelled", "relabelled"]
+        for i in range(2):
+            np.testing.assert_array_equal(demo.read(i, "frames"), ref.read(i, "frames"))
+            np.testing.assert_array_equal(demo.read(i, "rewards"), ref.read(i, "rewards"))
+            np.testing.assert_array_equal(demo.read(i, "actions"), labeller.episodes[i]["actions"])
+            assert not np.array_equal(demo.read(i, "actions"), driver.episodes[i]["actions"])
+            np.testing.assert_array_equal(ref.read(i, "actions"), driver.episodes[i]["actions"])
+
+
+def test_relabelling_refuses_a_forbidden_driver_action(tmp_path):
+    spec = EnvSpec(forbidden_actions=("FIRE",))
+    config = RecordConfig(out=tmp_path / "r.h5", spec=spec, episodes=1, max_steps=5,
+                          progress=False)
+    with pytest.raises(ValueError, match="forbidden action FIRE"):
+        record(config, RandomAgent([0, 2]), RandomAgent(allowed=[1]))
+    with DemoFile(config.out) as demo:
+        assert demo.episodes == []
 
 
 # -- damaged and foreign files --------------------------------------------------------------

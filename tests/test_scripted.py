@@ -159,3 +159,32 @@ def test_reset_starts_the_episode_afresh() -> None:
     again, _ = play(spec, agent, 150, seed=2)  # same agent object, reset in between
     assert first == again
     assert np.unique(first).size > 1
+
+
+def test_relabelling_planner_remembers_the_moves_really_played(tmp_path) -> None:
+    # The planner predicts its paddle from its recent moves; when another agent drives,
+    # record() tells it what was played, so its memory must end with the driver's moves.
+    from oakemu_rl.demos.record import RecordConfig, record
+
+    spec = EnvSpec(game="pong")
+
+    class LeftThenStill:
+        kind = "policy"
+        plays = (3, 3, 0, 3)  # LEFT LEFT NOOP LEFT, then NOOP
+
+        def reset(self, env: Any, seed: int) -> None:
+            self.t = 0
+
+        def act(self, env: Any, observation: np.ndarray) -> int:
+            self.t += 1
+            return self.plays[self.t - 1] if self.t <= len(self.plays) else 0
+
+    planner = make_demonstrator(spec, seed=0)
+    driver = LeftThenStill()
+    driver.plays = (2, 2, 2, 2)  # RIGHT: the planner's history must hold +1 moves
+    record(RecordConfig(out=tmp_path / "r.h5", spec=spec, episodes=1, max_steps=4,
+                        progress=False), planner, driver)
+    assert list(planner._history) == [planner._direction_of(2)] * 4
+    record(RecordConfig(out=tmp_path / "r.h5", spec=spec, episodes=1, max_steps=4,
+                        progress=False), planner, LeftThenStill())
+    assert list(planner._history) == [planner._direction_of(a) for a in (3, 0, 3, 3)]

@@ -18,7 +18,8 @@ from .model import PPOModel
 
 class Agent(Protocol):
     kind: str
-    """Recorder kind written into demo files: "human", "scripted" or "policy"."""
+    """Recorder kind written into demo files: "human", "scripted" or "policy" (an episode
+    another agent drove while this one labelled is "relabelled")."""
 
     def reset(self, env: Any, seed: int) -> None: ...
 

@@ -155,6 +155,10 @@ def _spec(game: str, repeat_action_probability: float, noop_max: int,
 @click.option("--style", default="planner", show_default=True,
               help="Scripted demonstrator: planner (plays best) or, on Pong, follow (holds "
                    "keys towards the ball, which behaviour cloning copies well).")
+@click.option("--relabel", "relabel_path", type=click.Path(path_type=str), default=None,
+              help="Scripted demonstrator: this checkpoint's greedy policy plays and the "
+                   "script labels each frame with what it would do (a DAgger round: BC on "
+                   "these and the first demos fixes the clone's drift). Uses its env spec.")
 @click.option("--fps", type=_FiniteFloatRange(1, 1000), default=15.0, show_default=True,
               help="Keyboard: agent steps per second (15 is the game's normal speed).")
 @click.option("--max-steps", type=click.IntRange(1), default=None,
@@ -162,8 +166,8 @@ def _spec(game: str, repeat_action_probability: float, noop_max: int,
 @_seed_option()
 @click.option("--device", default="auto", show_default=True, help="--policy: auto, cpu or cuda.")
 def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, noise: float,
-           style: str, fps: float, max_steps: int | None, seed: int, device: str,
-           **spec_options) -> None:
+           style: str, relabel_path: str | None, fps: float, max_steps: int | None, seed: int,
+           device: str, **spec_options) -> None:
     """Record demonstrations into an HDF5 file (one committed episode at a time)."""
     from pathlib import Path
 
@@ -171,8 +175,18 @@ def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, 
     from .demos.record import record as run_record
 
     agent: Any
+    driver: Any = None
     progress = True
-    if policy_path is not None:
+    if relabel_path is not None:
+        if demonstrator != "scripted" or policy_path is not None:
+            raise OakEmuError("--relabel needs --demonstrator scripted (the script labels "
+                              "the frames the checkpoint's policy plays), without --policy")
+        from .demos.scripted import make_demonstrator
+        from .tester import load_policy_agent
+
+        driver, spec = load_policy_agent(relabel_path, device=device)
+        agent = make_demonstrator(spec, seed=seed, noise=noise, style=style)
+    elif policy_path is not None:
         from .tester import load_policy_agent
 
         agent, spec = load_policy_agent(policy_path, device=device)
@@ -193,7 +207,7 @@ def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, 
     config = RecordConfig(out=path, spec=spec, episodes=episodes, seed=seed,
                           max_steps=max_steps, progress=progress)
     try:
-        result = run_record(config, agent)
+        result = run_record(config, agent, driver)
     except KeyboardInterrupt:
         raise OakEmuError(f"stopped; every finished episode is kept in {path}") from None
     finally:

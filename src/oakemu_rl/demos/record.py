@@ -2,6 +2,11 @@
 
 Each finished episode is committed to the file before the next one starts, so stopping
 (Ctrl-C, closing the window, a kill) never costs more than the episode in progress.
+
+With a `driver` (`oakemu record --relabel CHECKPOINT`), the driver's actions play and the
+agent only labels: every frame is stored with the action the agent would have taken there.
+Cloning a policy on its own states labelled this way (one DAgger round) corrects the
+mistakes a clone makes once it drifts from the states the demonstrator visits.
 """
 
 from __future__ import annotations
@@ -51,8 +56,13 @@ class RecordResult:
     stopped: bool = False
 
 
-def record(config: RecordConfig, agent: Agent) -> RecordResult:
-    """Play `config.episodes` episodes with `agent` and commit each to `config.out`."""
+RELABELLED = "relabelled"
+"""Recorder kind of episodes a driver played and an agent labelled."""
+
+
+def record(config: RecordConfig, agent: Agent, driver: Agent | None = None) -> RecordResult:
+    """Play `config.episodes` episodes with `agent` and commit each to `config.out`; with a
+    `driver`, the driver plays and `agent`'s choices are stored as the actions."""
     if config.episodes < 1:
         raise ValueError("episodes must be at least 1")
     spec = config.spec.for_evaluation()
@@ -63,6 +73,8 @@ def record(config: RecordConfig, agent: Agent) -> RecordResult:
     bar = tqdm(total=config.episodes, unit="episode", disable=not config.progress,
                desc=f"recording {spec.game}")
     observe = getattr(agent, "observe", None)
+    taken = getattr(agent, "was_taken", None)
+    kind = agent.kind if driver is None else RELABELLED
     try:
         episode = 0
         while episode < config.episodes:
@@ -70,18 +82,25 @@ def record(config: RecordConfig, agent: Agent) -> RecordResult:
             buffer = EpisodeBuffer()
             observation, _ = env.reset(seed=seed)
             agent.reset(env, seed)
+            if driver is not None:
+                driver.reset(env, seed)
             try:
                 while True:
-                    action = int(agent.act(env, observation))
-                    if not mask[action]:
-                        raise ValueError(
-                            f"the {agent.kind} agent chose the forbidden action "
-                            f"{writer.action_meanings[action]}"
-                        )
+                    action = label = int(agent.act(env, observation))
+                    if driver is not None:
+                        action = int(driver.act(env, observation))
+                    for who, chosen in ((agent, label), (driver, action)):
+                        if who is not None and not mask[chosen]:
+                            raise ValueError(
+                                f"the {who.kind} agent chose the forbidden action "
+                                f"{writer.action_meanings[chosen]}"
+                            )
+                    if driver is not None and taken is not None:
+                        taken(action)
                     next_observation, reward, terminated, truncated, info = env.step(action)
                     if config.max_steps is not None and len(buffer) + 1 >= config.max_steps:
                         truncated = True
-                    buffer.add(observation[-1], action, float(reward), terminated, truncated)
+                    buffer.add(observation[-1], label, float(reward), terminated, truncated)
                     if observe is not None:
                         observe(float(reward), bool(terminated), bool(truncated), info)
                     observation = next_observation
@@ -93,7 +112,7 @@ def record(config: RecordConfig, agent: Agent) -> RecordResult:
             except StopRecording:
                 result.stopped = True
                 break
-            index = writer.write_episode(buffer, recorder=agent.kind, seed=seed)
+            index = writer.write_episode(buffer, recorder=kind, seed=seed)
             result.episodes.append(
                 {"index": index, "seed": seed, "return": buffer.episode_return,
                  "length": len(buffer)}

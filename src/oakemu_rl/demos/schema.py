@@ -24,7 +24,7 @@ import numpy as np
 
 FORMAT = "oakemu-rl-demos"
 SCHEMA_VERSION = 1
-RECORDERS = ("human", "scripted", "policy")
+RECORDERS = ("human", "scripted", "policy", "relabelled")
 
 EPISODE_PREFIX = "demo_"
 

@@ -191,6 +191,11 @@ class _RamDemonstrator:
         self._history.appendleft(self._direction_of(action))
         return action
 
+    def was_taken(self, action: int) -> None:
+        """Relabelling: another agent's `action` was played instead of the one just chosen,
+        so the planner's memory of its recent moves must hold what the paddle really did."""
+        self._history[0] = self._direction_of(action)
+
     # -- helpers for the games ----------------------------------------------------------
 
     def _seed(self, *entropy: int) -> None:

@@ -114,8 +114,9 @@ class PPOConfig:
     """Greedy evaluation every this many updates (0: only at the end)."""
     eval_episodes: int = 3
     """Episodes per greedy evaluation."""
-    eval_max_steps: int | None = 5000
-    """Agent steps after which an evaluation episode is cut."""
+    eval_max_steps: int | None = None
+    """Agent steps after which an evaluation episode is cut (default: whole games, as the
+    final test plays them; a cut game's score is not a game score)."""
     checkpoint_every: int = 10
     """Write ppo_last.pt every this many updates."""
     seed: int = 0
