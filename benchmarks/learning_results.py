@@ -13,8 +13,9 @@ Three arms fine-tune with the same PPO step budget, recipe and seeds:
 Every `--eval-every` updates the policy plays `--eval-episodes` greedy whole games; at the
 end each `ppo.pt`, the BC policy and the scripted demonstrator play `--final-episodes`
 greedy episodes on the same seeds. Prints, per arm (mean over seeds, and each seed):
-the lowest greedy score during the first 20% of fine-tuning (the collapse), the first step
-at which a greedy score reached `--goal`, and the final score; writes `results.md`,
+the lowest greedy score during the first 20% of fine-tuning (the collapse), the first steps
+at which a greedy evaluation reached the demonstrator's score and `--goal`, and the final
+score; writes `results.md`,
 `results.json` and `learning_curves.png` under `--out`.
 
 Each (arm, seed) run lives in its own directory under `--out`; a run whose `result.json`
@@ -115,14 +116,16 @@ def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> t
         early = [min((s for step, s in r["curve"] if step <= 0.2 * steps), default=np.nan)
                  for r in runs]
         reach = [next((step for step, s in r["curve"] if s >= goal), None) for r in runs]
+        level = [next((step for step, s in r["curve"] if s >= demo), None) for r in runs]
         final = [r["final"]["mean"] for r in runs]
         table[arm] = {"seeds": [r["seed"] for r in runs], "early_min": early,
-                      "steps_to_goal": reach, "final": final,
+                      "steps_to_goal": reach, "steps_to_demonstrator": level, "final": final,
                       "sps": [steps / r["wall_seconds"] for r in runs]}
         reached = [s for s in reach if s is not None]
         per_seed = ", ".join(f"{e:+.0f}" for e in early)
         rows.append(
             f"| {arm} | {len(runs)} | {np.mean(early):+.1f} ({per_seed})"
+            f" | {', '.join('-' if s is None else f'{s // 1000}k' for s in level)}"
             f" | {len(reached)}/{len(runs)}"
             + (f" (median {int(np.median(reached)):,})" if reached else "")
             + f" | {np.mean(final):+.1f} ({', '.join(f'{f:+.1f}' for f in final)}) |")
@@ -132,8 +135,9 @@ def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> t
         f"{100 * (bc - rand) / (demo - rand):.0f}% of the random-to-demonstrator scale.",
         "",
         "| arm | seeds | lowest greedy score in the first 20% (per seed) "
+        "| first step at the demonstrator's score (per seed) "
         f"| reached {goal:+.0f} | final greedy score (per seed) |",
-        "| --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- |",
         *rows,
     ])
     return text, table
