@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -46,9 +47,29 @@ def _ppo_settings(pipeline_path: str) -> dict:
     return dict(load_pipeline(pipeline_path).ppo)
 
 
+_WATCHING = False
+
+
+def _exit_with_parent() -> None:
+    """A killed benchmark must not leave its fine-tunes running (and writing) on their own."""
+    global _WATCHING
+    if _WATCHING:
+        return
+    _WATCHING = True
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def run_arm(arm: str, seed: int, args: dict) -> dict:
     """One fine-tune; runs in a worker process."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _exit_with_parent()
     from oakemu_rl.checkpoint import load_checkpoint
     from oakemu_rl.finetune.ppo import PPOConfig, finetune_ppo
     from oakemu_rl.metrics import read_metrics
