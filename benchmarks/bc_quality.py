@@ -28,7 +28,7 @@ from oakemu_rl.bootstrap.bc import BCConfig, train_bc
 from oakemu_rl.bootstrap.calibrate import CalibrateConfig, calibrate
 from oakemu_rl.checkpoint import load_checkpoint
 from oakemu_rl.demos import DemoFile
-from oakemu_rl.demos.record import RecordConfig, record
+from oakemu_rl.demos.record import RecordConfig, record, relabelling_agents
 from oakemu_rl.demos.scripted import make_demonstrator
 from oakemu_rl.envs import EnvSpec, action_mask
 from oakemu_rl.tester import EvalConfig, evaluate, format_table, load_policy_agent
@@ -86,10 +86,9 @@ def main() -> None:
         start = time.perf_counter()
         relabelled = run_dir / "relabelled.h5"
         if not relabelled.exists():
-            driver, driver_spec = load_policy_agent(bc_path, device="cpu")
+            labeller, driver, driver_spec = relabelling_agents(bc_path, style=args.style)
             record(RecordConfig(out=relabelled, spec=driver_spec,
-                                episodes=args.relabel_episodes, seed=5000),
-                   make_demonstrator(driver_spec, seed=0, style=args.style), driver)
+                                episodes=args.relabel_episodes, seed=5000), labeller, driver)
         walls["relabel record"] = time.perf_counter() - start
         start = time.perf_counter()
         agents["bc+relabel"] = train_bc(BCConfig(

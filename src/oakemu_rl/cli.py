@@ -181,11 +181,10 @@ def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, 
         if demonstrator != "scripted" or policy_path is not None:
             raise OakEmuError("--relabel needs --demonstrator scripted (the script labels "
                               "the frames the checkpoint's policy plays), without --policy")
-        from .demos.scripted import make_demonstrator
-        from .tester import load_policy_agent
+        from .demos.record import relabelling_agents
 
-        driver, spec = load_policy_agent(relabel_path, device=device)
-        agent = make_demonstrator(spec, seed=seed, noise=noise, style=style)
+        agent, driver, spec = relabelling_agents(relabel_path, style=style, seed=seed,
+                                                 noise=noise, device=device)
     elif policy_path is not None:
         from .tester import load_policy_agent
 

@@ -354,15 +354,13 @@ class PipelineRun:
         p = self.pipeline
         if not p.demos.relabel_episodes:
             return path
-        from .demos.record import RecordConfig, record
-        from .demos.scripted import make_demonstrator
-        from .tester import load_policy_agent
+        from .demos.record import RecordConfig, record, relabelling_agents
 
         relabelled = self.run_dir / "relabelled.h5"
         if relabelled.exists():  # left by an interrupted run: its clone is gone
             relabelled.unlink()
-        driver, spec = load_policy_agent(path, device=p.device)
-        labeller = make_demonstrator(spec, seed=p.demos.seed, style=p.demos.style)
+        labeller, driver, spec = relabelling_agents(path, style=p.demos.style,
+                                                    seed=p.demos.seed, device=p.device)
         self._say(f"[bc] relabelling: the clone plays {p.demos.relabel_episodes} episode(s), "
                   "the scripted demonstrator labels them")
         record(RecordConfig(out=relabelled, spec=spec, episodes=p.demos.relabel_episodes,

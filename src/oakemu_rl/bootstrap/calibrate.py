@@ -290,8 +290,7 @@ def calibrate(config: CalibrateConfig) -> Path:
     _check_policy_unchanged(before, model)
     ceiling = linear_ceiling(torch.cat([f for f, _ in fit_window]),
                              torch.cat([t for _, t in fit_window]),
-                             torch.cat([f for f, _ in held_window]).cpu(),
-                             torch.cat([t for _, t in held_window]).cpu())
+                             held_features.cpu(), held_targets)
     wall = time.perf_counter() - start_time
     result = Checkpoint.from_model(
         model,

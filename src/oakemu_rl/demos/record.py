@@ -60,6 +60,17 @@ RELABELLED = "relabelled"
 """Recorder kind of episodes a driver played and an agent labelled."""
 
 
+def relabelling_agents(checkpoint: str | Path, *, style: str, seed: int = 0,
+                       noise: float = 0.0, device: str = "cpu") -> tuple[Agent, Agent, EnvSpec]:
+    """(labeller, driver, spec) for `record(config, labeller, driver)`: the checkpoint's
+    greedy policy drives on its own env spec, the scripted player in `style` labels."""
+    from ..tester import load_policy_agent
+    from .scripted import make_demonstrator
+
+    driver, spec = load_policy_agent(checkpoint, device=device)
+    return make_demonstrator(spec, seed=seed, noise=noise, style=style), driver, spec
+
+
 def record(config: RecordConfig, agent: Agent, driver: Agent | None = None) -> RecordResult:
     """Play `config.episodes` episodes with `agent` and commit each to `config.out`; with a
     `driver`, the driver plays and `agent`'s choices are stored as the actions."""
