@@ -10,15 +10,25 @@ BC) and a uniform random policy. Prints the scores, BC on the random-to-demonstr
 Everything lands in `--run-dir` (default data/runs/bench-bc-GAME), so the stages can be
 inspected (bc_curves.png, calibration_scatter.png).
 
-`--relabel-episodes N` adds one DAgger round: the clone plays N episodes while the script
-labels every frame (`oakemu record --relabel`), a fresh BC model trains on the demos and
-those frames (in RUN_DIR/relabel), and it is scored beside the first clone.
+`--relabel-episodes N` adds DAgger rounds (`--relabel-rounds`, default 1): the newest
+clone plays N episodes while the script labels every frame (`oakemu record --relabel`),
+and a fresh BC model trains on the demos and every relabelled file so far (round k in
+RUN_DIR/relabel, relabel2, ...); each round's clone is scored beside the first.
+
+Every policy plays `--episodes` games on each of `--test-seeds` (game i of a set is
+seeded with its seed + i), `--jobs` evaluations at a time. `--reuse` keeps the
+checkpoints and relabelled files already in the run dir (BC is deterministic on CPU for a
+given seed, so a rerun with the same options would train the same models).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +41,24 @@ from oakemu_rl.demos import DemoFile
 from oakemu_rl.demos.record import RecordConfig, record, relabelling_agents
 from oakemu_rl.demos.scripted import make_demonstrator
 from oakemu_rl.envs import EnvSpec, action_mask
-from oakemu_rl.tester import EvalConfig, evaluate, format_table, load_policy_agent
+from oakemu_rl.tester import EvalConfig, EvalResult, evaluate, format_table, load_policy_agent
+
+
+def _score(job: tuple[str, str | None, int], args: dict):
+    """One policy on one test set; runs in a worker process."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    name, path, seed = job
+    spec = EnvSpec(game=args["game"])
+    config = EvalConfig(episodes=args["episodes"], seed=seed, progress=False)
+    if name == "demonstrator":
+        return evaluate(make_demonstrator(spec, seed=seed, style=args["style"]), spec, config)
+    if name == "random":
+        return evaluate(RandomAgent(action_mask(spec)), spec, config)
+    agent, agent_spec = load_policy_agent(path, device="cpu")
+    return evaluate(agent, agent_spec, config)
 
 
 def main() -> None:
@@ -46,10 +73,16 @@ def main() -> None:
     parser.add_argument("--head-gain", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0, help="BC seed")
-    parser.add_argument("--episodes", type=int, default=5)
+    parser.add_argument("--episodes", type=int, default=5, help="games per test set")
+    parser.add_argument("--test-seeds", type=int, nargs="+", default=[1000],
+                        help="first seed of each test set")
+    parser.add_argument("--jobs", type=int, default=2, help="evaluations at a time")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep checkpoints already in the run dir instead of retraining")
     parser.add_argument("--calibrate-iterations", type=int, default=8)
     parser.add_argument("--relabel-episodes", type=int, default=0,
-                        help="also score BC after one relabelling round of this many episodes")
+                        help="also score BC after relabelling rounds of this many episodes")
+    parser.add_argument("--relabel-rounds", type=int, default=1)
     parser.add_argument("--run-dir", default=None)
     args = parser.parse_args()
     spec = EnvSpec(game=args.game)
@@ -71,52 +104,78 @@ def main() -> None:
         print(f"demos: {len(demo.episodes)} episodes, {demo.num_steps} frames, mean return "
               f"{np.mean([e.episode_return for e in demo.episodes]):+.1f}")
 
+    def bc(path: Path, files: list[Path]) -> Path:
+        if args.reuse and (path / "bc.pt").exists():
+            return path / "bc.pt"
+        return train_bc(BCConfig(
+            demos=tuple(map(str, files)), run_dir=str(path), epochs=args.epochs,
+            architecture=args.architecture, seed=args.seed, augment_shift=args.augment_shift,
+            lr=args.lr, head_gain=args.head_gain))
+
     start = time.perf_counter()
-    bc_path = train_bc(BCConfig(demos=(str(demos),), run_dir=str(run_dir), epochs=args.epochs,
-                                architecture=args.architecture, seed=args.seed,
-                                augment_shift=args.augment_shift, lr=args.lr,
-                                head_gain=args.head_gain))
+    bc_path = bc(run_dir, [demos])
     walls["bc"] = time.perf_counter() - start
     start = time.perf_counter()
-    cal_path = calibrate(CalibrateConfig(run_dir=str(run_dir),
-                                         iterations=args.calibrate_iterations))
+    cal_path = run_dir / "calibrated.pt"
+    if not (args.reuse and cal_path.exists()):
+        cal_path = calibrate(CalibrateConfig(run_dir=str(run_dir),
+                                             iterations=args.calibrate_iterations))
     walls["calibrate"] = time.perf_counter() - start
     agents = {"bc": bc_path, "calibrated": cal_path}
-    if args.relabel_episodes:
+    files, clone = [demos], bc_path
+    for round_ in range(1, args.relabel_rounds + 1 if args.relabel_episodes else 1):
+        suffix = "" if round_ == 1 else str(round_)
         start = time.perf_counter()
-        relabelled = run_dir / "relabelled.h5"
-        if not relabelled.exists():
-            labeller, driver, driver_spec = relabelling_agents(bc_path, style=args.style)
+        relabelled = run_dir / f"relabelled{suffix}.h5"
+        if not (args.reuse and relabelled.exists()):
+            relabelled.unlink(missing_ok=True)
+            labeller, driver, driver_spec = relabelling_agents(clone, style=args.style)
             record(RecordConfig(out=relabelled, spec=driver_spec,
-                                episodes=args.relabel_episodes, seed=5000), labeller, driver)
-        walls["relabel record"] = time.perf_counter() - start
+                                episodes=args.relabel_episodes,
+                                seed=5000 + (round_ - 1) * args.relabel_episodes),
+                   labeller, driver)
+        files.append(relabelled)
+        walls[f"relabel{suffix} record"] = time.perf_counter() - start
         start = time.perf_counter()
-        agents["bc+relabel"] = train_bc(BCConfig(
-            demos=(str(demos), str(relabelled)), run_dir=str(run_dir / "relabel"),
-            epochs=args.epochs, architecture=args.architecture, seed=args.seed,
-            augment_shift=args.augment_shift, lr=args.lr, head_gain=args.head_gain))
-        walls["relabel bc"] = time.perf_counter() - start
+        clone = agents[f"bc+relabel{suffix}"] = bc(run_dir / f"relabel{suffix}", files)
+        walls[f"relabel{suffix} bc"] = time.perf_counter() - start
 
-    config = EvalConfig(episodes=args.episodes, seed=1000)
-    results = {}
     start = time.perf_counter()
-    results["demonstrator"] = evaluate(make_demonstrator(spec, seed=1000, style=args.style),
-                                       spec, config)
-    results["random"] = evaluate(RandomAgent(action_mask(spec)), spec, config)
-    for name, path in agents.items():
-        agent, agent_spec = load_policy_agent(path, device="cpu")
-        results[name] = evaluate(agent, agent_spec, config)
+    players = {"demonstrator": None, "random": None, **agents}
+    jobs = [(name, str(path) if path else None, seed)
+            for seed in args.test_seeds for name, path in players.items()]
+    # With --reuse, a player whose checkpoint is unchanged keeps its scores from last time.
+    cache_path = run_dir / "scores.json"
+    cache = json.loads(cache_path.read_text()) if args.reuse and cache_path.exists() else {}
+
+    def key(job: tuple[str, str | None, int]) -> str:
+        name, path, seed = job
+        made = Path(path).stat().st_mtime_ns if path else 0
+        return f"{name}|{path}|{made}|{seed}|{args.episodes}|{args.style}"
+
+    todo = [job for job in jobs if key(job) not in cache]
+    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+        for job, result in zip(todo, pool.map(_score, todo, [vars(args)] * len(todo)),
+                               strict=True):
+            cache[key(job)] = result.to_dict()
+    cache_path.write_text(json.dumps(cache, indent=2))
+    scores = [EvalResult(scores=cache[key(job)]["scores"],
+                         lengths=cache[key(job)]["lengths"]) for job in jobs]
     walls["test"] = time.perf_counter() - start
 
-    print(format_table(results))
-    demo, rand, bc = (results[k].mean for k in ("demonstrator", "random", "bc"))
-    scale = (bc - rand) / (demo - rand) if demo != rand else float("nan")
+    for seed in args.test_seeds:
+        results = {name: result for (name, _, s), result in zip(jobs, scores, strict=True)
+                   if s == seed}
+        print(f"\n{args.episodes} games from seed {seed}:")
+        print(format_table(results))
+        demo, rand = results["demonstrator"].mean, results["random"].mean
+        for name in agents:
+            if name != "calibrated":
+                scale = (results[name].mean - rand) / (demo - rand) if demo != rand else 0.0
+                print(f"{name} on the random-to-demonstrator scale: {100 * scale:.0f}%"
+                      + ("  (target >= 80%)" if name == "bc" else ""))
     metrics = load_checkpoint(bc_path).extra["metrics"]
     calibration = load_checkpoint(cal_path).extra["calibration"]
-    print(f"BC on the random-to-demonstrator scale: {100 * scale:.0f}%  (target >= 80%)")
-    if "bc+relabel" in results:
-        relabel = (results["bc+relabel"].mean - rand) / (demo - rand) if demo != rand else 0
-        print(f"BC after one relabelling round: {100 * relabel:.0f}%")
     print(f"BC best epoch: val loss {metrics.get('bc/val_loss', float('nan')):.3f}, "
           f"val accuracy {metrics.get('bc/val_accuracy', float('nan')):.3f}")
     print(f"calibration explained variance {calibration['initial_explained_variance']:.3f} -> "

@@ -118,25 +118,27 @@ def test_a_changed_setting_reruns_from_that_stage(finished, tmp_path: Path) -> N
     assert load_checkpoint(run_dir / "calibrated.pt").steps["calibrate_iterations"] >= 1
 
 
-def test_relabelling_round_in_the_bc_stage(finished, tmp_path: Path) -> None:
+def test_relabelling_rounds_in_the_bc_stage(finished, tmp_path: Path) -> None:
     _, run_dir, _ = finished
     first = load_checkpoint(run_dir / "bc.pt")
     relabel = write(tmp_path, TINY.replace("max_steps = 60",
                                            "max_steps = 60\nrelabel_episodes = 1\n"
-                                           "relabel_epochs = 2", 1))
+                                           "relabel_rounds = 2\nrelabel_epochs = 2", 1))
     relabel_dir = tmp_path / "relabel"
     result = run(str(relabel), "--run-dir", str(relabel_dir))
     assert result.exit_code == 0, result.output
-    with DemoFile(relabel_dir / "relabelled.h5") as demo:
-        [episode] = demo.episodes
-        assert episode.recorder == "relabelled" and episode.seed == 2  # after the 2 demos
+    for name, seed in (("relabelled.h5", 2), ("relabelled2.h5", 3)):  # after the 2 demos
+        with DemoFile(relabel_dir / name) as demo:
+            [episode] = demo.episodes
+            assert episode.recorder == "relabelled" and episode.seed == seed
     bc = load_checkpoint(relabel_dir / "bc.pt")
     assert bc.config["checkpoint"] is None  # a fresh model
     assert len(read_metrics(relabel_dir / "bc_metrics.jsonl")) == 2  # relabel_epochs
     assert sorted(bc.config["demos"]) == sorted(
-        [str(relabel_dir / "demos.h5"), str(relabel_dir / "relabelled.h5")])
+        str(relabel_dir / name) for name in ("demos.h5", "relabelled.h5", "relabelled2.h5"))
     assert bc.steps["samples"] > first.steps["samples"]  # more frames per epoch
     assert len(read_metrics(relabel_dir / "bc_first_metrics.jsonl")) == 1  # bc.epochs
+    assert len(read_metrics(relabel_dir / "bc_round1_metrics.jsonl")) == 2
     # Changing only the relabelling keeps the recording and redoes bc onwards.
     again = write(tmp_path, relabel.read_text().replace("relabel_epochs = 2",
                                                         "relabel_epochs = 1"), "again.toml")
@@ -163,6 +165,8 @@ def test_relabelling_round_in_the_bc_stage(finished, tmp_path: Path) -> None:
          "no scripted demonstrator for space_invaders: set demos.path"),
         (("[demos]", "[demos]\nrelabel_episodes = -1"),
          "demos.relabel_episodes=-1 is out of range"),
+        (("[demos]", "[demos]\nrelabel_rounds = 0"),
+         "demos.relabel_rounds=0 is out of range"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path: Path, edit, message) -> None:

@@ -54,8 +54,11 @@ class DemoSource:
     """After BC, the clone plays this many episodes while the scripted demonstrator labels
     every frame with what it would do; a fresh BC model then trains on the demos and those
     frames (one DAgger round, for a clone that drifts from the demonstrator's states)."""
+    relabel_rounds: int = 1
+    """Relabelling rounds: each round's newest clone plays `relabel_episodes` episodes into
+    relabelled.h5, relabelled2.h5, ..., and a fresh BC trains on the demos and all of them."""
     relabel_epochs: int | None = None
-    """Epochs of that second BC (default: bc.epochs)."""
+    """Epochs of each BC after a relabelling round (default: bc.epochs)."""
 
     def __post_init__(self) -> None:
         from .agents import SEED_MAX
@@ -63,6 +66,7 @@ class DemoSource:
         _check_section("demos", [
             ("episodes", self.episodes >= 1, "≥ 1", self.episodes),
             ("relabel_episodes", self.relabel_episodes >= 0, "≥ 0", self.relabel_episodes),
+            ("relabel_rounds", self.relabel_rounds >= 1, "≥ 1", self.relabel_rounds),
             ("relabel_epochs", self.relabel_epochs is None or self.relabel_epochs >= 1, "≥ 1",
              self.relabel_epochs),
             ("noise", 0 <= self.noise <= 1, "in [0, 1]", self.noise),
@@ -322,7 +326,8 @@ class PipelineRun:
 
         bc_config = BCConfig(demos=(str(demo_path),), run_dir=str(self.run_dir),
                              device=p.device, progress=self.progress, **p.bc)
-        relabel = {"episodes": p.demos.relabel_episodes, "epochs": p.demos.relabel_epochs}
+        relabel = {"episodes": p.demos.relabel_episodes, "epochs": p.demos.relabel_epochs,
+                   "rounds": p.demos.relabel_rounds}
         self._stage("bc", [p.bc, relabel] if p.demos.relabel_episodes else p.bc, ["record"],
                     self.run_dir / "bc.pt", lambda: self._steps(self._bc(bc_config)))
         cal_config = CalibrateConfig(run_dir=str(self.run_dir), device=p.device,
@@ -349,32 +354,43 @@ class PipelineRun:
         return self.results
 
     def _bc(self, config: BCConfig) -> Path:
-        """BC on the demos; with demos.relabel_episodes, a relabelling round and BC again."""
+        """BC on the demos; with demos.relabel_episodes, relabelling rounds, each followed by
+        a fresh BC on the demos and every relabelled file so far."""
         path = train_bc(config)
-        p = self.pipeline
-        if not p.demos.relabel_episodes:
+        demos = self.pipeline.demos
+        if not demos.relabel_episodes:
             return path
         from .demos.record import RecordConfig, record, relabelling_agents
 
-        relabelled = self.run_dir / "relabelled.h5"
-        if relabelled.exists():  # left by an interrupted run: its clone is gone
-            relabelled.unlink()
-        labeller, driver, spec = relabelling_agents(path, style=p.demos.style,
-                                                    seed=p.demos.seed, device=p.device)
-        self._say(f"[bc] relabelling: the clone plays {p.demos.relabel_episodes} episode(s), "
-                  "the scripted demonstrator labels them")
-        record(RecordConfig(out=relabelled, spec=spec, episodes=p.demos.relabel_episodes,
-                            seed=p.demos.seed + p.demos.episodes,
-                            max_steps=p.demos.max_steps, progress=self.progress),
-               labeller, driver)
-        for name in ("bc_metrics.jsonl", "bc_curves.png"):  # keep the first pass's
-            first = self.run_dir / name
-            if first.exists():
-                first.replace(self.run_dir / name.replace("bc_", "bc_first_", 1))
-        # A fresh model: continuing the first clone for 5 epochs gained about a third of
-        # what retraining did (benchmarks/bc_quality.py --relabel-episodes).
-        return train_bc(dataclasses.replace(config, demos=(*config.demos, str(relabelled)),
-                                            epochs=p.demos.relabel_epochs or config.epochs))
+        files = list(config.demos)
+        for round_ in range(1, demos.relabel_rounds + 1):
+            suffix = "" if round_ == 1 else str(round_)
+            relabelled = self.run_dir / f"relabelled{suffix}.h5"
+            if relabelled.exists():  # left by an interrupted run: its clone is gone
+                relabelled.unlink()
+            labeller, driver, spec = relabelling_agents(path, style=demos.style,
+                                                        seed=demos.seed, device=config.device)
+            self._say(f"[bc] relabelling round {round_}/{demos.relabel_rounds}: the clone "
+                      f"plays {demos.relabel_episodes} episode(s), the scripted demonstrator "
+                      "labels them")
+            record(RecordConfig(out=relabelled, spec=spec, episodes=demos.relabel_episodes,
+                                seed=demos.seed + demos.episodes
+                                + (round_ - 1) * demos.relabel_episodes,
+                                max_steps=demos.max_steps, progress=self.progress),
+                   labeller, driver)
+            files.append(str(relabelled))
+            # Keep the curves of the BC this round replaces: bc_first_* for the clone of the
+            # demos alone, bc_round{k}_* for the clone after round k.
+            keep = "bc_first_" if round_ == 1 else f"bc_round{round_ - 1}_"
+            for name in ("bc_metrics.jsonl", "bc_curves.png"):
+                done = self.run_dir / name
+                if done.exists():
+                    done.replace(self.run_dir / name.replace("bc_", keep, 1))
+            # A fresh model: continuing the first clone for 5 epochs gained about a third of
+            # what retraining did (benchmarks/bc_quality.py --relabel-episodes).
+            path = train_bc(dataclasses.replace(config, demos=tuple(files),
+                                                epochs=demos.relabel_epochs or config.epochs))
+        return path
 
     @staticmethod
     def _steps(path: Path) -> dict[str, Any]:
