@@ -18,7 +18,8 @@ RUN_DIR/relabel, relabel2, ...); each round's clone is scored beside the first.
 Every policy plays `--episodes` games on each of `--test-seeds` (game i of a set is
 seeded with its seed + i), `--jobs` evaluations at a time. `--reuse` keeps the
 checkpoints and relabelled files already in the run dir (BC is deterministic on CPU for a
-given seed, so a rerun with the same options would train the same models).
+given seed, so a rerun with the same options would train the same models); the wall
+times leave out what was kept.
 """
 
 from __future__ import annotations
@@ -99,46 +100,51 @@ def main() -> None:
         result = record(RecordConfig(out=demos, spec=spec, episodes=1, seed=seed), agent)
         have += result.episodes[0]["length"]
         seed += 1
-    walls["record"] = time.perf_counter() - start
+    if seed:  # frames were recorded this run
+        walls["record"] = time.perf_counter() - start
     with DemoFile(demos) as demo:
         print(f"demos: {len(demo.episodes)} episodes, {demo.num_steps} frames, mean return "
               f"{np.mean([e.episode_return for e in demo.episodes]):+.1f}")
 
-    def bc(path: Path, files: list[Path]) -> Path:
-        if args.reuse and (path / "bc.pt").exists():
+    def kept(path: Path) -> bool:
+        """With --reuse, an output already in the run dir is kept (and not timed)."""
+        return args.reuse and path.exists()
+
+    def bc(path: Path, files: list[Path], wall: str) -> Path:
+        if kept(path / "bc.pt"):
             return path / "bc.pt"
-        return train_bc(BCConfig(
+        start = time.perf_counter()
+        made = train_bc(BCConfig(
             demos=tuple(map(str, files)), run_dir=str(path), epochs=args.epochs,
             architecture=args.architecture, seed=args.seed, augment_shift=args.augment_shift,
             lr=args.lr, head_gain=args.head_gain))
+        walls[wall] = time.perf_counter() - start
+        return made
 
-    start = time.perf_counter()
-    bc_path = bc(run_dir, [demos])
-    walls["bc"] = time.perf_counter() - start
-    start = time.perf_counter()
+    bc_path = bc(run_dir, [demos], "bc")
     cal_path = run_dir / "calibrated.pt"
-    if not (args.reuse and cal_path.exists()):
+    if not kept(cal_path):
+        start = time.perf_counter()
         cal_path = calibrate(CalibrateConfig(run_dir=str(run_dir),
                                              iterations=args.calibrate_iterations))
-    walls["calibrate"] = time.perf_counter() - start
+        walls["calibrate"] = time.perf_counter() - start
     agents = {"bc": bc_path, "calibrated": cal_path}
     files, clone = [demos], bc_path
     for round_ in range(1, args.relabel_rounds + 1 if args.relabel_episodes else 1):
         suffix = "" if round_ == 1 else str(round_)
-        start = time.perf_counter()
         relabelled = run_dir / f"relabelled{suffix}.h5"
-        if not (args.reuse and relabelled.exists()):
+        if not kept(relabelled):
+            start = time.perf_counter()
             relabelled.unlink(missing_ok=True)
             labeller, driver, driver_spec = relabelling_agents(clone, style=args.style)
             record(RecordConfig(out=relabelled, spec=driver_spec,
                                 episodes=args.relabel_episodes,
                                 seed=5000 + (round_ - 1) * args.relabel_episodes),
                    labeller, driver)
+            walls[f"relabel{suffix} record"] = time.perf_counter() - start
         files.append(relabelled)
-        walls[f"relabel{suffix} record"] = time.perf_counter() - start
-        start = time.perf_counter()
-        clone = agents[f"bc+relabel{suffix}"] = bc(run_dir / f"relabel{suffix}", files)
-        walls[f"relabel{suffix} bc"] = time.perf_counter() - start
+        clone = agents[f"bc+relabel{suffix}"] = bc(run_dir / f"relabel{suffix}", files,
+                                                   f"relabel{suffix} bc")
 
     start = time.perf_counter()
     players = {"demonstrator": None, "random": None, **agents}
@@ -161,7 +167,7 @@ def main() -> None:
     cache_path.write_text(json.dumps(cache, indent=2))
     scores = [EvalResult(scores=cache[key(job)]["scores"],
                          lengths=cache[key(job)]["lengths"]) for job in jobs]
-    walls["test"] = time.perf_counter() - start
+    walls[f"test ({len(todo)} of {len(jobs)} evaluations run)"] = time.perf_counter() - start
 
     for seed in args.test_seeds:
         results = {name: result for (name, _, s), result in zip(jobs, scores, strict=True)
