@@ -26,40 +26,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
+from policy_scores import scale_lines, score_all
 
-from oakemu_rl.agents import RandomAgent
 from oakemu_rl.bootstrap.bc import BCConfig, train_bc
 from oakemu_rl.bootstrap.calibrate import CalibrateConfig, calibrate
 from oakemu_rl.checkpoint import load_checkpoint
 from oakemu_rl.demos import DemoFile
 from oakemu_rl.demos.record import RecordConfig, record, relabelling_agents
 from oakemu_rl.demos.scripted import make_demonstrator
-from oakemu_rl.envs import EnvSpec, action_mask
-from oakemu_rl.tester import EvalConfig, EvalResult, evaluate, format_table, load_policy_agent
-
-
-def _score(job: tuple[str, str | None, int], args: dict):
-    """One policy on one test set; runs in a worker process."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-
-    torch.set_num_threads(1)
-    name, path, seed = job
-    spec = EnvSpec(game=args["game"])
-    config = EvalConfig(episodes=args["episodes"], seed=seed, progress=False)
-    if name == "demonstrator":
-        return evaluate(make_demonstrator(spec, seed=seed, style=args["style"]), spec, config)
-    if name == "random":
-        return evaluate(RandomAgent(action_mask(spec)), spec, config)
-    agent, agent_spec = load_policy_agent(path, device="cpu")
-    return evaluate(agent, agent_spec, config)
+from oakemu_rl.envs import EnvSpec
+from oakemu_rl.tester import EvalResult, format_table
 
 
 def main() -> None:
@@ -160,10 +140,9 @@ def main() -> None:
         return f"{name}|{path}|{made}|{seed}|{args.episodes}|{args.style}"
 
     todo = [job for job in jobs if key(job) not in cache]
-    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-        for job, result in zip(todo, pool.map(_score, todo, [vars(args)] * len(todo)),
-                               strict=True):
-            cache[key(job)] = result.to_dict()
+    settings = {"spec": spec.to_dict(), "style": args.style, "episodes": args.episodes}
+    for job, result in zip(todo, score_all(todo, settings, args.jobs), strict=True):
+        cache[key(job)] = result
     cache_path.write_text(json.dumps(cache, indent=2))
     scores = [EvalResult(scores=cache[key(job)]["scores"],
                          lengths=cache[key(job)]["lengths"]) for job in jobs]
@@ -174,12 +153,11 @@ def main() -> None:
                    if s == seed}
         print(f"\n{args.episodes} games from seed {seed}:")
         print(format_table(results))
-        demo, rand = results["demonstrator"].mean, results["random"].mean
-        for name in agents:
-            if name != "calibrated":
-                scale = (results[name].mean - rand) / (demo - rand) if demo != rand else 0.0
-                print(f"{name} on the random-to-demonstrator scale: {100 * scale:.0f}%"
-                      + ("  (target >= 80%)" if name == "bc" else ""))
+    print("\n(target for BC: >= 80%)")
+    print("\n".join(scale_lines({(name, s): cache[key((name, path, s))]
+                                 for name, path, s in jobs},
+                                [name for name in agents if name != "calibrated"],
+                                args.test_seeds)))
     metrics = load_checkpoint(bc_path).extra["metrics"]
     calibration = load_checkpoint(cal_path).extra["calibration"]
     print(f"BC best epoch: val loss {metrics.get('bc/val_loss', float('nan')):.3f}, "

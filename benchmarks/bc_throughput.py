@@ -4,8 +4,11 @@
 
 1. Writes a synthetic demo file (real HDF5, real gzip chunks) of `--frames` frames and
    measures, side by side in one process, alternating rounds: model-only training steps
-   on a batch already in memory, and the same steps fed by the streaming and the cached
-   data path (`DemoDataset`). Prints medians of samples/s and the overhead ratio.
+   on a batch already in memory, the same steps fed by the streaming and the cached
+   data path (`DemoDataset`), all channels-last as BC trains on CPU in fp32, and
+   model-only steps in the default NCHW layout and under bf16 autocast (`--precision
+   bf16`; fast only where the CPU has AVX512-BF16 or AMX). Prints medians of samples/s
+   and the ratios.
 2. Runs `oakemu bootstrap bc` for one epoch in a child process on a small file and on a
    10x larger one, streaming with a fixed cache size, and prints each child's peak RSS:
    memory must not grow with the file.
@@ -53,12 +56,15 @@ def synthetic_file(path: Path, frames: int, episode_length: int = 1000, seed: in
     return path
 
 
-def train_steps(model, optimizer, batches, mask) -> float:
-    """Samples/s of forward+backward+step over `batches` (an iterator of (obs, actions))."""
+def train_steps(model, optimizer, batches, mask, bf16: bool = False) -> float:
+    """Samples/s of forward+backward+step over `batches` (an iterator of (obs, actions)),
+    with the forward pass under bf16 autocast when asked (as `--precision bf16` trains)."""
     n = 0
     start = time.perf_counter()
     for obs, actions in batches:
-        loss = bc_loss(model.get_logits(obs), actions, mask)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model.get_logits(obs).float()
+        loss = bc_loss(logits, actions, mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -70,14 +76,21 @@ def throughput(path: Path, batches: int, batch_size: int, rounds: int) -> None:
     demo = DemoFile(path)
     refs = [EpisodeRef(0, i, e.length) for i, e in enumerate(demo.episodes)]
     mask = torch.ones(6, dtype=torch.bool)
-    model = PPOModel((4, 84, 84), 6)
+    # BC trains channels-last on CPU (bootstrap/bc.py); the NCHW model shows what that buys.
+    model = PPOModel((4, 84, 84), 6).to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    nchw = PPOModel((4, 84, 84), 6)
+    nchw_optimizer = torch.optim.Adam(nchw.parameters(), lr=1e-4)
     fixed = (torch.randint(0, 256, (batch_size, 4, 84, 84), dtype=torch.uint8),
              torch.randint(0, 6, (batch_size,)))
     common = dict(batch_size=batch_size, action_mask=np.ones(6, bool))
-    results: dict[str, list[float]] = {"model only": [], "streaming": [], "cached": []}
+    results: dict[str, list[float]] = {"model only": [], "streaming": [], "cached": [],
+                                       "model NCHW": [], "model bf16": []}
     for r in range(rounds):
         results["model only"].append(train_steps(model, optimizer, [fixed] * batches, mask))
+        results["model NCHW"].append(train_steps(nchw, nchw_optimizer, [fixed] * batches, mask))
+        results["model bf16"].append(train_steps(model, optimizer, [fixed] * batches, mask,
+                                                 bf16=True))
         for name, cache in (("streaming", 0), ("cached", 1 << 34)):
             data = DemoDataset([demo], refs, cache_bytes=cache, seed=r, **common)
             data.set_epoch(r)

@@ -8,6 +8,7 @@ column depends on the action) and so that every sample can be identified.
 from __future__ import annotations
 
 import collections
+import io
 import json
 import math
 import os
@@ -23,6 +24,8 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
+from oakemu_rl import agents
+from oakemu_rl.agents import autocast_dtype
 from oakemu_rl.bootstrap.bc import (
     BCConfig,
     _initial_model,
@@ -99,7 +102,7 @@ def small_checkpoint(path: Path, spec: EnvSpec = SPEC, seed: int = 0) -> Path:
 def bc_config(demo: Path, run_dir: Path, start: Path, **overrides) -> BCConfig:
     options = dict(demos=(str(demo),), run_dir=str(run_dir), epochs=4, batch_size=64,
                    lr=1e-3, augment_shift=0, val_fraction=0.25, checkpoint=str(start),
-                   device="cpu", progress=False)
+                   device="cpu", precision="fp32", progress=False)
     return BCConfig(**(options | overrides))
 
 
@@ -284,7 +287,8 @@ def test_random_shift_is_deterministic_for_a_seeded_generator() -> None:
 
 def test_bc_config_rejects_out_of_range_options() -> None:
     for bad in ({"epochs": 0}, {"lr": 0.0}, {"label_smoothing": 1.0}, {"augment_shift": 17},
-                {"head_gain": -1.0}, {"val_fraction": 1.0}, {"lr_schedule": "step"}, {"demos": ()}):
+                {"head_gain": -1.0}, {"val_fraction": 1.0}, {"lr_schedule": "step"}, {"demos": ()},
+                {"precision": "fp16"}):
         with pytest.raises(ConfigError):
             BCConfig(**({"demos": ("x.h5",)} | bad))
 
@@ -365,6 +369,50 @@ def test_bc_leaves_the_value_head_untouched(learned: dict) -> None:
     for prefix in ("conv.", "fc.", "policy_head."):
         names = [n for n in before if n.startswith(prefix)]
         assert names and all(not torch.equal(before[n], after[n]) for n in names), prefix
+
+
+def test_bf16_autocast_bc_learns_and_keeps_fp32_weights(tmp_path: Path) -> None:
+    demo = visible_demo(tmp_path / "visible.h5")
+    start = small_checkpoint(tmp_path / "start.pt")
+    path = train_bc(bc_config(demo, tmp_path / "run", start, epochs=5, precision="bf16"))
+    checkpoint = load_checkpoint(path)
+    assert checkpoint.config["precision_used"] == "bf16"
+    assert checkpoint.extra["metrics"]["bc/val_accuracy"] > 0.9  # chance is 1/3
+    assert all(v.dtype == torch.float32 for v in checkpoint.state_dict.values())
+
+
+def test_precision_resolves_to_an_autocast_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    assert autocast_dtype("fp32", cpu) is None
+    assert autocast_dtype("bf16", cpu) == torch.bfloat16
+    with pytest.raises(ConfigError, match="precision"):
+        autocast_dtype("fp16", cpu)
+    for native in (True, False):
+        monkeypatch.setattr(agents, "native_bf16", lambda device, n=native: n)
+        assert autocast_dtype("auto", cpu) == (torch.bfloat16 if native else None)
+
+
+@pytest.mark.parametrize(("flags", "native"), [("fpu avx2 avx512f avx512_bf16", True),
+                                               ("fpu avx2 amx_bf16 amx_tile", True),
+                                               ("fpu avx2 avx512f avx512bw", False)])
+def test_native_bf16_reads_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, flags: str,
+                                         native: bool) -> None:
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/cpuinfo":
+            return io.StringIO(f"processor\t: 0\nflags\t\t: {flags}\n")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert agents.native_bf16(torch.device("cpu")) is native
+
+
+def test_bc_trains_channels_last_on_cpu_but_writes_the_default_layout(learned: dict) -> None:
+    raw = torch.load(learned["path"], weights_only=True)
+    conv_weights = [v for v in raw["model"].values() if v.dim() == 4]
+    assert conv_weights and all(v.is_contiguous() for v in conv_weights)
+    assert not any(v.is_contiguous(memory_format=torch.channels_last) for v in conv_weights)
 
 
 def test_bc_writes_metrics_and_curves(learned: dict) -> None:

@@ -52,6 +52,39 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether the device computes bfloat16 matrix work in hardware: a CUDA GPU that says
+    so, or an x86 CPU with AVX512-BF16 or AMX (read from /proc/cpuinfo; elsewhere bf16 is
+    emulated and slower than fp32, so the answer is no)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next((line for line in info if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `--precision` (None: plain fp32). `auto` takes bf16 only where
+    the device computes it natively; `bf16` insists on it."""
+    from .errors import ConfigError
+
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown --precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return None
+    if precision == "auto":
+        return torch.bfloat16 if native_bf16(device) else None
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("--precision bf16 was asked for but this GPU has no bfloat16 support")
+    return torch.bfloat16
+
 class PolicyAgent:
     """Plays a `PPOModel`: greedy (argmax of the masked logits) or sampled."""
 

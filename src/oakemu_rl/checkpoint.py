@@ -68,7 +68,9 @@ class Checkpoint:
         config: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> Checkpoint:
-        state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        # Always the default (NCHW) layout, whatever layout the model trained in.
+        state = {k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
+                 for k, v in model.state_dict().items()}
         return cls(
             stage=stage,
             model_config=model.model_config,

@@ -342,7 +342,7 @@ def _finetune_ppo(config: PPOConfig) -> Path:
         # Measured (benchmarks/ppo_throughput.py, Nature CNN, 1 thread): oneDNN's
         # channels-last convolutions make training ~1.4x faster than NCHW (432 vs 300
         # SPS); the model lays its inputs out to match (PPOModel._features). Checkpoints
-        # are still written in the default layout (_plain).
+        # are still written in the default layout (Checkpoint.from_model).
         model = model.to(memory_format=torch.channels_last)
     reference = copy.deepcopy(model).eval()  # the bootstrap policy the KL anchor holds to
     for parameter in reference.parameters():
@@ -410,7 +410,6 @@ def _finetune_ppo(config: PPOConfig) -> Path:
             extra=({} if final else extra) | {"timings": collector.timings.as_dict(),
                                               "eval": last_eval},
         )
-        checkpoint.state_dict.update(_plain(model))
         save_checkpoint(path, checkpoint)
         saved = True
 
