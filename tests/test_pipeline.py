@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from oakemu_rl.checkpoint import load_checkpoint
+from oakemu_rl.checkpoint import load_checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
 from oakemu_rl.demos import DemoFile
 from oakemu_rl.errors import ConfigError
 from oakemu_rl.metrics import read_metrics
-from oakemu_rl.pipeline import load_pipeline
+from oakemu_rl.pipeline import _same_policy, load_pipeline
 
 TINY = """
 name = "tiny"
@@ -80,12 +80,25 @@ def test_every_stage_runs_and_reports(finished) -> None:
     scores = json.loads((run_dir / "test.json").read_text())
     assert set(scores) == {"bc", "calibrate", "ppo", "demonstrator"}
     assert all(s["lengths"] == [30] for s in scores.values())
+    # the calibrated policy is bc's, bit for bit: its games are bc's games, not replayed
+    assert scores["calibrate"] == {**scores["bc"], "same_policy_as": "bc"}
+    assert "same_policy_as" not in scores["ppo"]
     for line in ("demonstrator", "bc ", "calibrated", "ppo ", "calibration explained variance",
                  "least-squares value head on the BC features", "record", "wall time"):
         assert line in output, line
     report = (run_dir / "report.md").read_text()
     assert "![BC train/validation curves](bc_curves.png)" in report
     assert "calibration explained variance" in report
+
+
+def test_same_policy_looks_past_the_value_head_only(finished, tmp_path: Path) -> None:
+    _, run_dir, _ = finished
+    bc, calibrated = run_dir / "bc.pt", run_dir / "calibrated.pt"
+    assert _same_policy(bc, calibrated)
+    checkpoint = load_checkpoint(calibrated)
+    checkpoint.state_dict["policy_head.bias"] = checkpoint.state_dict["policy_head.bias"] + 1e-6
+    save_checkpoint(tmp_path / "moved.pt", checkpoint)
+    assert not _same_policy(bc, tmp_path / "moved.pt")
 
 
 def test_rerun_skips_finished_stages(finished) -> None:
