@@ -20,6 +20,8 @@ from oakemu_rl.checkpoint import (
     Checkpoint,
     load_checkpoint,
     load_model,
+    plain_state_dict,
+    policy_differences,
     save_checkpoint,
 )
 from oakemu_rl.cli import cli
@@ -253,3 +255,28 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["--debug", "info", str(tmp_path / "nope.pt")])
     assert result.exit_code != 0
     assert isinstance(result.exception, CheckpointError)
+
+
+def test_policy_differences_name_the_policy_tensors_that_moved() -> None:
+    model = PPOModel((4, 84, 84), 6)
+    before = plain_state_dict(model)
+    assert policy_differences(before, model.state_dict()) == []
+    with torch.no_grad():
+        model.value_head.bias.add_(1.0)  # the value head may move
+        assert policy_differences(before, model.state_dict()) == []
+        model.policy_head.bias.add_(1e-6)
+        model.conv[0].weight.mul_(2.0)
+    moved = policy_differences(before, model.state_dict())
+    assert moved == ["conv.0.weight", "policy_head.bias"]
+    missing = {k: v for k, v in before.items() if k != "fc.0.bias"}
+    assert "fc.0.bias" in policy_differences(missing, before)
+
+
+def test_plain_state_dict_is_nchw_copy_of_a_channels_last_model() -> None:
+    model = PPOModel((4, 84, 84), 6).to(memory_format=torch.channels_last)
+    state = plain_state_dict(model)
+    weight = state["conv.0.weight"]
+    assert weight.is_contiguous() and not model.conv[0].weight.is_contiguous()
+    assert torch.equal(weight, model.conv[0].weight)
+    weight.add_(1.0)  # a copy: the model is untouched
+    assert not torch.equal(weight, model.conv[0].weight)

@@ -52,7 +52,6 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
-
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
@@ -81,9 +80,10 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
         return None
     if precision == "auto":
         return torch.bfloat16 if native_bf16(device) else None
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and not native_bf16(device):
         raise ConfigError("--precision bf16 was asked for but this GPU has no bfloat16 support")
     return torch.bfloat16
+
 
 class PolicyAgent:
     """Plays a `PPOModel`: greedy (argmax of the masked logits) or sampled."""

@@ -68,9 +68,7 @@ class Checkpoint:
         config: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> Checkpoint:
-        # Always the default (NCHW) layout, whatever layout the model trained in.
-        state = {k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
-                 for k, v in model.state_dict().items()}
+        state = plain_state_dict(model)
         return cls(
             stage=stage,
             model_config=model.model_config,
@@ -113,6 +111,22 @@ class Checkpoint:
         }
         _check_plain(payload, "checkpoint")
         return payload
+
+
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of the model's state in the default (NCHW) layout, whatever layout it
+    trains in, so files never depend on the layout of the run that wrote them."""
+    return {k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
+            for k, v in model.state_dict().items()}
+
+
+def policy_differences(first: dict[str, torch.Tensor],
+                       second: dict[str, torch.Tensor]) -> list[str]:
+    """Names, sorted, of the tensors outside the value head that are not equal in the two
+    state dicts (a name missing from one of them counts)."""
+    return sorted(k for k in first.keys() | second.keys() if not k.startswith("value_head.")
+                  and (k not in first or k not in second
+                       or not torch.equal(first[k].cpu(), second[k].cpu())))
 
 
 def _now() -> str:

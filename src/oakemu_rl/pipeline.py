@@ -21,12 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from . import runs
 from .bootstrap.bc import BCConfig, train_bc
 from .bootstrap.calibrate import CalibrateConfig, calibrate
-from .checkpoint import load_checkpoint
+from .checkpoint import load_checkpoint, policy_differences
 from .envs import EnvSpec
 from .errors import ConfigError, OakEmuError
 from .finetune.ppo import PPOConfig, finetune_ppo
@@ -434,9 +432,8 @@ class PipelineRun:
 
 def _same_policy(first: Path, second: Path) -> bool:
     """Whether two checkpoints hold equal tensors everywhere outside the value head."""
-    a, b = load_checkpoint(first).state_dict, load_checkpoint(second).state_dict
-    policy = [k for k in a if not k.startswith("value_head.")]
-    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in policy)
+    return not policy_differences(load_checkpoint(first).state_dict,
+                                  load_checkpoint(second).state_dict)
 
 
 # -- report ----------------------------------------------------------------------------------

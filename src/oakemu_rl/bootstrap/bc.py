@@ -211,6 +211,7 @@ def train_bc(config: BCConfig) -> Path:
     mask_np = demos[0].action_mask
     device = resolve_device(config.device)
     amp = autocast_dtype(config.precision, device)
+    precision_used = "bf16" if amp else "fp32"
     run_dir = runs.prepare_run_dir(config.run_dir, spec.game)
     torch.manual_seed(config.seed)
 
@@ -261,7 +262,7 @@ def train_bc(config: BCConfig) -> Path:
                    "is saved")
 
     if config.progress:
-        tqdm.write(f"bc on {device.type} in {'bf16 autocast' if amp else 'fp32'}: "
+        tqdm.write(f"bc on {device.type} in {precision_used}{' autocast' if amp else ''}: "
                    f"{train_set.num_samples:,} training and "
                    f"{val_set.num_samples if val_set else 0:,} validation samples")
     with MetricsLogger(run_dir, "bc") as log:
@@ -326,7 +327,7 @@ def train_bc(config: BCConfig) -> Path:
                         "epoch": epoch}
                 stale = 0
                 _save(path, model, spec, meanings, mask_np, config, epoch, step, samples,
-                      record, "bf16" if amp else "fp32")
+                      record, precision_used)
                 message += "  (saved)"
             else:
                 stale += 1

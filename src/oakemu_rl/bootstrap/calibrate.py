@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .. import runs
 from ..agents import SEED_MAX, resolve_device
-from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from ..checkpoint import Checkpoint, load_checkpoint, policy_differences, save_checkpoint
 from ..envs import EnvSpec
 from ..errors import ConfigError, DemoFileError, OakEmuError, check_options
 from ..finetune.advantages import discounted_returns, explained_variance, td_lambda
@@ -172,9 +172,10 @@ def linear_ceiling(features: torch.Tensor, targets: torch.Tensor,
 
 
 def _check_policy_unchanged(before: dict[str, torch.Tensor], model: PPOModel) -> None:
-    for name, tensor in model.state_dict().items():
-        if not name.startswith("value_head.") and not torch.equal(before[name], tensor.cpu()):
-            raise RuntimeError(f"calibration changed {name}; the policy must stay as BC left it")
+    changed = policy_differences(before, model.state_dict())
+    if changed:
+        raise RuntimeError(f"calibration changed {changed[0]}; the policy must stay as BC "
+                           "left it")
 
 
 def calibrate(config: CalibrateConfig) -> Path:

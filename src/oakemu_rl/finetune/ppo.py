@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from .. import runs
 from ..agents import SEED_MAX, PolicyAgent, resolve_device
-from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from ..checkpoint import Checkpoint, load_checkpoint, plain_state_dict, save_checkpoint
 from ..envs import EnvSpec
 from ..errors import ConfigError, OakEmuError, check_options
 from ..metrics import MetricsLogger
@@ -227,11 +227,6 @@ def masked_kl(ref_logits: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor
     return terms.where(mask, torch.zeros_like(terms)).sum(-1).mean()
 
 
-def _plain(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict in the default (NCHW) layout, whatever layout training uses."""
-    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-
-
 def _mean(values: list) -> float | None:
     """Mean of floats or of 0-d tensors (read out in one go); None when there are none."""
     if not values:
@@ -399,7 +394,7 @@ def _finetune_ppo(config: PPOConfig) -> Path:
 
     def save(path: Path, update: int, final: bool) -> None:
         nonlocal saved
-        extra = {"optimizer": optimizer.state_dict(), "reference": _plain(reference),
+        extra = {"optimizer": optimizer.state_dict(), "reference": plain_state_dict(reference),
                  "generator": generator.get_state(), "torch_rng": torch.get_rng_state()}
         checkpoint = Checkpoint.from_model(
             model, stage="ppo", action_meanings=start.action_meanings,
