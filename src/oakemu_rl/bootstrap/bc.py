@@ -232,9 +232,10 @@ def train_bc(config: BCConfig) -> Path:
 
     model = _initial_model(config, spec, meanings).to(device)
     if device.type == "cpu":
-        # oneDNN's channels-last convolutions train the Nature trunk ~1.9x faster than NCHW
-        # on CPU (benchmarks/bc_throughput.py); the model lays its inputs out to match, and
-        # checkpoints are written in the default layout.
+        # Channels-last convolutions: NCHW ran at 0.83x of them with batch 128 in
+        # benchmarks/bc_throughput.py, and level (1.01x) with batch 64 in another run on the
+        # shared machine. The model lays its inputs out to match, and checkpoints are
+        # written in the default layout (checkpoint.plain_state_dict).
         model = model.to(memory_format=torch.channels_last)
     value_head_before = {k: v.clone() for k, v in model.value_head.state_dict().items()}
     params = [*model.conv.parameters(), *model.fc.parameters(),
