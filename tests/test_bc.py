@@ -8,7 +8,6 @@ column depends on the action) and so that every sample can be identified.
 from __future__ import annotations
 
 import collections
-import io
 import json
 import math
 import os
@@ -24,7 +23,6 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
-from oakemu_rl import agents
 from oakemu_rl.agents import autocast_dtype
 from oakemu_rl.bootstrap.bc import (
     BCConfig,
@@ -382,30 +380,18 @@ def test_bf16_autocast_bc_learns_and_keeps_fp32_weights(tmp_path: Path) -> None:
 
 
 def test_precision_resolves_to_an_autocast_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
-    cpu = torch.device("cpu")
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert autocast_dtype("fp32", cpu) is None
     assert autocast_dtype("bf16", cpu) == torch.bfloat16
+    assert autocast_dtype("auto", cpu) is None  # fp32 on the CPU, whatever its flags
     with pytest.raises(ConfigError, match="precision"):
         autocast_dtype("fp16", cpu)
     for native in (True, False):
-        monkeypatch.setattr(agents, "native_bf16", lambda device, n=native: n)
-        assert autocast_dtype("auto", cpu) == (torch.bfloat16 if native else None)
-
-
-@pytest.mark.parametrize(("flags", "native"), [("fpu avx2 avx512f avx512_bf16", True),
-                                               ("fpu avx2 amx_bf16 amx_tile", True),
-                                               ("fpu avx2 avx512f avx512bw", False)])
-def test_native_bf16_reads_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, flags: str,
-                                         native: bool) -> None:
-    real_open = open
-
-    def fake_open(path, *args, **kwargs):
-        if path == "/proc/cpuinfo":
-            return io.StringIO(f"processor\t: 0\nflags\t\t: {flags}\n")
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", fake_open)
-    assert agents.native_bf16(torch.device("cpu")) is native
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda n=native: n)
+        assert autocast_dtype("auto", gpu) == (torch.bfloat16 if native else None)
+        assert autocast_dtype("fp32", gpu) is None
+    with pytest.raises(ConfigError, match="no bfloat16 support"):
+        autocast_dtype("bf16", gpu)
 
 
 def test_bc_trains_channels_last_on_cpu_but_writes_the_default_layout(learned: dict) -> None:

@@ -136,7 +136,7 @@ def test_relabelling_rounds_in_the_bc_stage(finished, tmp_path: Path) -> None:
     first = load_checkpoint(run_dir / "bc.pt")
     relabel = write(tmp_path, TINY.replace("max_steps = 60",
                                            "max_steps = 60\nrelabel_episodes = 1\n"
-                                           "relabel_rounds = 2\nrelabel_epochs = 2", 1))
+                                           "relabel_rounds = 2\nrelabel_epochs = [2, 3]", 1))
     relabel_dir = tmp_path / "relabel"
     result = run(str(relabel), "--run-dir", str(relabel_dir))
     assert result.exit_code == 0, result.output
@@ -146,14 +146,14 @@ def test_relabelling_rounds_in_the_bc_stage(finished, tmp_path: Path) -> None:
             assert episode.recorder == "relabelled" and episode.seed == seed
     bc = load_checkpoint(relabel_dir / "bc.pt")
     assert bc.config["checkpoint"] is None  # a fresh model
-    assert len(read_metrics(relabel_dir / "bc_metrics.jsonl")) == 2  # relabel_epochs
+    assert len(read_metrics(relabel_dir / "bc_metrics.jsonl")) == 3  # relabel_epochs[1]
     assert sorted(bc.config["demos"]) == sorted(
         str(relabel_dir / name) for name in ("demos.h5", "relabelled.h5", "relabelled2.h5"))
     assert bc.steps["samples"] > first.steps["samples"]  # more frames per epoch
     assert len(read_metrics(relabel_dir / "bc_first_metrics.jsonl")) == 1  # bc.epochs
-    assert len(read_metrics(relabel_dir / "bc_round1_metrics.jsonl")) == 2
+    assert len(read_metrics(relabel_dir / "bc_round1_metrics.jsonl")) == 2  # [0]
     # Changing only the relabelling keeps the recording and redoes bc onwards.
-    again = write(tmp_path, relabel.read_text().replace("relabel_epochs = 2",
+    again = write(tmp_path, relabel.read_text().replace("relabel_epochs = [2, 3]",
                                                         "relabel_epochs = 1"), "again.toml")
     result = run(str(again), "--run-dir", str(relabel_dir))
     assert result.exit_code == 0, result.output
@@ -180,6 +180,12 @@ def test_relabelling_rounds_in_the_bc_stage(finished, tmp_path: Path) -> None:
          "demos.relabel_episodes=-1 is out of range"),
         (("[demos]", "[demos]\nrelabel_rounds = 0"),
          "demos.relabel_rounds=0 is out of range"),
+        (("[demos]", "[demos]\nrelabel_epochs = [2, 3]"),
+         "demos.relabel_epochs=(2, 3) is out of range: it must be one number, or a list of "
+         "relabel_rounds = 1 numbers"),
+        (("[demos]", "[demos]\nrelabel_epochs = [0]"), "demos.relabel_epochs=(0,) is out of range"),
+        (("[demos]", '[demos]\nrelabel_epochs = "many"'),
+         "demos.relabel_epochs must be an integer or a list of integers, got 'many'"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path: Path, edit, message) -> None:

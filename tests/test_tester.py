@@ -16,6 +16,7 @@ from oakemu_rl.agents import PolicyAgent
 from oakemu_rl.checkpoint import Checkpoint, save_checkpoint
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings, make_env
 from oakemu_rl.errors import CheckpointError, ConfigError
+from oakemu_rl.export import OnnxPolicyAgent, collect_observations
 from oakemu_rl.model import PPOModel
 from oakemu_rl.tester import (
     AgentActionError,
@@ -23,6 +24,7 @@ from oakemu_rl.tester import (
     EvalResult,
     evaluate,
     format_table,
+    greedy_agent,
     load_policy_agent,
 )
 
@@ -96,11 +98,15 @@ def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name)
 
 
-def test_checkpoint_agent_plays_n_episodes_deterministically(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("engine", "kind"), [("auto", OnnxPolicyAgent), ("onnx", OnnxPolicyAgent),
+                                            ("torch", PolicyAgent)])
+def test_checkpoint_agent_plays_n_episodes_deterministically(
+    tmp_path: Path, engine: str, kind: type
+) -> None:
     spec = EnvSpec(game="pong")
     path = _save(tmp_path, spec)
-    agent, loaded_spec = load_policy_agent(path, device="cpu")
-    assert isinstance(agent, PolicyAgent) and agent.greedy
+    agent, loaded_spec = load_policy_agent(path, device="cpu", engine=engine)
+    assert isinstance(agent, kind)
     assert loaded_spec == spec
 
     config = EvalConfig(episodes=3, max_steps=40, seed=7)
@@ -110,7 +116,7 @@ def test_checkpoint_agent_plays_n_episodes_deterministically(tmp_path: Path) -> 
     assert result.lengths == [40, 40, 40]  # Pong cannot end within 40 steps
     assert [len(actions) for actions in first.episodes] == [40, 40, 40]
 
-    again_agent, _ = load_policy_agent(path, device="cpu")
+    again_agent, _ = load_policy_agent(path, device="cpu", engine=engine)
     again = Recording(again_agent)
     repeat = evaluate(again, loaded_spec, config)
     assert repeat.scores == result.scores
@@ -131,13 +137,46 @@ def test_masked_action_is_never_taken(tmp_path: Path) -> None:
     env = make_env(loaded_spec)
     observation, _ = env.reset(seed=0)
     env.close()
-    assert PolicyAgent(agent.model, None).act(None, observation) == FIRE
+    assert PolicyAgent(model, None).act(None, observation) == FIRE
 
     recording = Recording(agent)
     evaluate(recording, loaded_spec, EvalConfig(episodes=2, max_steps=30))
     played = [a for episode in recording.episodes for a in episode]
     assert len(played) == 60
     assert FIRE not in played
+
+
+def test_greedy_engines_play_the_same_actions() -> None:
+    """onnxruntime (the CPU default) and the torch model choose alike on a real game, for a
+    model whose choices vary; then training the model does not reach the onnx agent."""
+    spec = EnvSpec(game="pong")
+    mask = action_mask(spec)
+    torch.manual_seed(0)
+    model = PPOModel(spec.observation_shape, 6)
+    frames = torch.as_tensor(np.stack(collect_observations(spec, 64, seed=1, mask=mask)))
+    with torch.no_grad():  # large weights, logits centred on real frames: choices vary
+        torch.nn.init.orthogonal_(model.policy_head.weight, gain=100.0)
+        model.policy_head.bias -= model.get_logits(frames).mean(0)
+    config = EvalConfig(episodes=1, max_steps=300, seed=4, progress=False)
+    played = {}
+    for engine in ("onnx", "torch"):
+        recording = Recording(greedy_agent(model, mask, device="cpu", engine=engine))
+        evaluate(recording, spec, config)
+        played[engine] = recording.episodes[0]
+    counts = sorted(played["torch"].count(a) for a in set(played["torch"]))
+    assert len(counts) >= 4 and counts[-2] >= 30  # not a constant policy
+    assert played["onnx"] == played["torch"]
+
+    frozen = greedy_agent(model, mask, device="cpu", engine="onnx")
+    env = make_env(spec)
+    observation, _ = env.reset(seed=0)
+    env.close()
+    before = frozen.logits(observation[None])
+    with torch.no_grad():
+        model.policy_head.bias += 10.0
+    assert np.array_equal(frozen.logits(observation[None]), before)
+    with pytest.raises(ConfigError, match="unknown greedy engine"):
+        greedy_agent(model, mask, engine="fast")
 
 
 @pytest.mark.parametrize(

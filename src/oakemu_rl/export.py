@@ -22,8 +22,10 @@ convolutional graph exports identically with either.
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as _dt
 import hashlib
+import io
 import json
 import math
 import os
@@ -235,17 +237,15 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_onnx(model: PPOModel, tmp: Path, opset: int, metadata: dict[str, str]) -> None:
-    """Trace `get_logits` into `tmp`, then add the metadata (one file, no external data)."""
-    import onnx
-
+def _trace(model: PPOModel, target: str | io.BytesIO, opset: int = DEFAULT_OPSET) -> None:
+    """Trace `get_logits` (uint8 frames in, logits out, dynamic batch) into `target`."""
     example = torch.zeros((2, *model.observation_shape), dtype=torch.uint8)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
         torch.onnx.export(
             _Logits(model).eval(),
             (example,),
-            str(tmp),
+            target,
             dynamo=False,
             input_names=[INPUT_NAME],
             output_names=[OUTPUT_NAME],
@@ -254,6 +254,13 @@ def _write_onnx(model: PPOModel, tmp: Path, opset: int, metadata: dict[str, str]
             do_constant_folding=True,
             export_params=True,
         )
+
+
+def _write_onnx(model: PPOModel, tmp: Path, opset: int, metadata: dict[str, str]) -> None:
+    """Trace `get_logits` into `tmp`, then add the metadata (one file, no external data)."""
+    import onnx
+
+    _trace(model, str(tmp), opset)
     proto = onnx.load(str(tmp), load_external_data=False)
     proto.producer_name = "oakemu-rl"
     proto.producer_version = __version__
@@ -480,6 +487,26 @@ class OnnxPolicyAgent:
         self.mask = np.asarray(mask, dtype=bool)
         self.observation_shape = tuple(shape)
         self.metadata = dict(meta)
+
+    @classmethod
+    def from_model(cls, model: PPOModel, action_mask: np.ndarray, *,
+                   threads: int | None = None) -> OnnxPolicyAgent:
+        """A greedy agent for a live model: `get_logits` is traced in memory (no file, no
+        metadata) and run by onnxruntime. On CPU at batch 1 this plays faster than the
+        torch model (benchmarks/greedy_play.py); the weights are the model's as they are
+        now, so later training does not reach the agent."""
+        buffer = io.BytesIO()
+        _trace(copy.deepcopy(model).cpu().to(memory_format=torch.contiguous_format).eval(),
+               buffer)
+        agent = cls.__new__(cls)
+        agent.path = None
+        agent.session = _session(buffer.getvalue(), threads)
+        agent.spec = None
+        agent.action_meanings = ()
+        agent.mask = np.asarray(action_mask, dtype=bool)
+        agent.observation_shape = tuple(model.observation_shape)
+        agent.metadata = {}
+        return agent
 
     def logits(self, observations: np.ndarray) -> np.ndarray:
         """Raw logits, shape (batch, actions), for uint8 observations (batch, *shape)."""

@@ -57,8 +57,9 @@ class DemoSource:
     relabel_rounds: int = 1
     """Relabelling rounds: each round's newest clone plays `relabel_episodes` episodes into
     relabelled.h5, relabelled2.h5, ..., and a fresh BC trains on the demos and all of them."""
-    relabel_epochs: int | None = None
-    """Epochs of each BC after a relabelling round (default: bc.epochs)."""
+    relabel_epochs: int | tuple[int, ...] | None = None
+    """Epochs of each BC after a relabelling round: one number for every round, or a list
+    with one per round (default: bc.epochs)."""
 
     def __post_init__(self) -> None:
         from .agents import SEED_MAX
@@ -67,12 +68,29 @@ class DemoSource:
             ("episodes", self.episodes >= 1, "≥ 1", self.episodes),
             ("relabel_episodes", self.relabel_episodes >= 0, "≥ 0", self.relabel_episodes),
             ("relabel_rounds", self.relabel_rounds >= 1, "≥ 1", self.relabel_rounds),
-            ("relabel_epochs", self.relabel_epochs is None or self.relabel_epochs >= 1, "≥ 1",
+            ("relabel_epochs", all(e >= 1 for e in self._relabel_epochs_list()),
+             "≥ 1 (each)", self.relabel_epochs),
+            ("relabel_epochs", not isinstance(self.relabel_epochs, tuple)
+             or len(self.relabel_epochs) == self.relabel_rounds,
+             f"one number, or a list of relabel_rounds = {self.relabel_rounds} numbers",
              self.relabel_epochs),
             ("noise", 0 <= self.noise <= 1, "in [0, 1]", self.noise),
             ("max_steps", self.max_steps is None or self.max_steps >= 1, "≥ 1", self.max_steps),
             ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}", self.seed),
         ])
+
+
+    def _relabel_epochs_list(self) -> list[int]:
+        epochs = self.relabel_epochs
+        return [] if epochs is None else list(epochs) if isinstance(epochs, tuple) else [epochs]
+
+    def epochs_after_round(self, round_: int, default: int) -> int:
+        """Epochs of the BC that follows relabelling round `round_` (from 1)."""
+        if self.relabel_epochs is None:
+            return default
+        if isinstance(self.relabel_epochs, tuple):
+            return self.relabel_epochs[round_ - 1]
+        return self.relabel_epochs
 
 
 @dataclass(frozen=True)
@@ -125,6 +143,10 @@ _STAGE_FIXED = {
 }
 
 
+_KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+_PLURALS = {int: "integers", float: "numbers", str: "strings"}
+
+
 def _check_value(where: str, annotation: Any, value: Any) -> Any:
     """Check a TOML value against a dataclass field's annotation; return it converted."""
     origin = typing.get_origin(annotation)
@@ -133,7 +155,15 @@ def _check_value(where: str, annotation: Any, value: Any) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _check_value(where, inner[0], value)
+        for choice in inner:  # the first alternative that takes the value
+            try:
+                return _check_value(where, choice, value)
+            except ConfigError:
+                if len(inner) == 1:
+                    raise
+        kinds = " or ".join(_KINDS.get(a) or "a list of " + _PLURALS.get(
+            (typing.get_args(a) or (None,))[0], "values") for a in inner)
+        raise ConfigError(f"{where} must be {kinds}, got {value!r}")
     if origin is tuple:
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be a list")
@@ -388,8 +418,8 @@ class PipelineRun:
                     done.replace(self.run_dir / name.replace("bc_", keep, 1))
             # A fresh model: continuing the first clone for 5 epochs gained about a third of
             # what retraining did (benchmarks/bc_quality.py --relabel-episodes).
-            path = train_bc(dataclasses.replace(config, demos=tuple(files),
-                                                epochs=demos.relabel_epochs or config.epochs))
+            path = train_bc(dataclasses.replace(
+                config, demos=tuple(files), epochs=demos.epochs_after_round(round_, config.epochs)))
         return path
 
     @staticmethod

@@ -71,7 +71,7 @@ class BCConfig:
     """auto (CUDA when present), cpu or cuda."""
     precision: str = "auto"
     """Training arithmetic: fp32, bf16 (autocast; weights and the loss stay fp32) or auto
-    (bf16 where the device computes it natively, else fp32). Validation is always fp32."""
+    (bf16 on a GPU that supports it, fp32 on the CPU). Validation is always fp32."""
     cache_mb: int = 2048
     """Demo frames up to this size are read once and kept in memory; larger sets stream."""
     block_size: int = 256

@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from .. import runs
-from ..agents import SEED_MAX, PolicyAgent, resolve_device
+from ..agents import SEED_MAX, resolve_device
 from ..checkpoint import Checkpoint, load_checkpoint, plain_state_dict, save_checkpoint
 from ..envs import EnvSpec
 from ..errors import ConfigError, OakEmuError, check_options
@@ -289,9 +289,9 @@ class _DemoBatches:
 
 def _greedy_eval(model: PPOModel, spec: EnvSpec, mask: torch.Tensor, config: PPOConfig,
                  update: int) -> dict[str, float]:
-    from ..tester import EvalConfig, evaluate
+    from ..tester import EvalConfig, evaluate, greedy_agent
 
-    agent = PolicyAgent(copy.deepcopy(model).cpu(), mask.cpu().numpy(), greedy=True)
+    agent = greedy_agent(copy.deepcopy(model).cpu(), mask.cpu().numpy(), device="cpu")
     result = evaluate(agent, spec.for_evaluation(), EvalConfig(
         episodes=config.eval_episodes, seed=10_000 + update, max_steps=config.eval_max_steps,
         progress=False))

@@ -1,0 +1,84 @@
+"""Greedy play speed: the torch model against onnxruntime, steps per second with the emulator.
+
+    .venv/bin/python benchmarks/greedy_play.py data/runs/pong/bc.pt [--steps 3000]
+        [--rounds 5] [--threads 1 2]
+
+Greedy play (the tester, PPO's evaluation games, the relabelling games of the pipeline's
+bc stage) is one batch-1 forward pass per emulator step. Each round plays `--steps` steps
+of the checkpoint's evaluation spec with each engine of `oakemu_rl.tester.greedy_agent`,
+one after the other, from the same seeds; the script prints the median steps/s per engine
+and thread count, their ratio, and whether both engines chose the same action on every step
+(they play the same game until the first differing choice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from oakemu_rl.checkpoint import checkpoint_spec, load_checkpoint
+from oakemu_rl.envs import make_env
+from oakemu_rl.tester import greedy_agent
+
+ENGINES = ("torch", "onnx")
+
+
+def play(agent, spec, steps: int, seed: int) -> tuple[float, list[int]]:
+    """Steps/s of `steps` greedy steps (episodes restart with seed + step), and the actions."""
+    env = make_env(spec)
+    observation, _ = env.reset(seed=seed)
+    agent.reset(env, seed)
+    actions = []
+    start = time.perf_counter()
+    for step in range(steps):
+        action = agent.act(env, observation)
+        actions.append(action)
+        observation, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            observation, _ = env.reset(seed=seed + step)
+    elapsed = time.perf_counter() - start
+    env.close()
+    return steps / elapsed, actions
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    args = parser.parse_args()
+
+    checkpoint = load_checkpoint(args.checkpoint)
+    spec = checkpoint_spec(checkpoint, args.checkpoint).for_evaluation()
+    mask = np.asarray(checkpoint.action_mask, dtype=bool)
+    model = checkpoint.build_model("cpu").eval()
+    rates: dict[tuple[str, int], list[float]] = {}
+    same = True
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        agents = {engine: greedy_agent(model, mask, device="cpu", engine=engine)
+                  for engine in ENGINES}
+        for round_ in range(args.rounds):
+            played = {}
+            for engine in ENGINES:
+                rate, played[engine] = play(agents[engine], spec, args.steps, seed=round_)
+                rates.setdefault((engine, threads), []).append(rate)
+            same &= played["torch"] == played["onnx"]
+
+    print(f"{args.checkpoint}: {args.rounds} rounds of {args.steps} greedy steps per engine")
+    print(f"{'threads':>7}  {'torch steps/s':>13}  {'onnx steps/s':>12}  {'onnx/torch':>10}")
+    for threads in args.threads:
+        torch_rate = statistics.median(rates["torch", threads])
+        onnx_rate = statistics.median(rates["onnx", threads])
+        print(f"{threads:>7}  {torch_rate:>13,.0f}  {onnx_rate:>12,.0f}  "
+              f"{onnx_rate / torch_rate:>9.2f}x")
+    print("same actions on every step" if same else "the engines chose differently somewhere")
+
+
+if __name__ == "__main__":
+    main()
