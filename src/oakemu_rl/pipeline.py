@@ -68,7 +68,7 @@ class DemoSource:
             ("episodes", self.episodes >= 1, "≥ 1", self.episodes),
             ("relabel_episodes", self.relabel_episodes >= 0, "≥ 0", self.relabel_episodes),
             ("relabel_rounds", self.relabel_rounds >= 1, "≥ 1", self.relabel_rounds),
-            ("relabel_epochs", all(e >= 1 for e in self._relabel_epochs_list()),
+            ("relabel_epochs", all(e >= 1 for e in self._epochs_per_round()),
              "≥ 1 (each)", self.relabel_epochs),
             ("relabel_epochs", not isinstance(self.relabel_epochs, tuple)
              or len(self.relabel_epochs) == self.relabel_rounds,
@@ -79,18 +79,17 @@ class DemoSource:
             ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}", self.seed),
         ])
 
-
-    def _relabel_epochs_list(self) -> list[int]:
+    def _epochs_per_round(self) -> list[int]:
+        """relabel_epochs as one entry per round (empty when unset)."""
         epochs = self.relabel_epochs
-        return [] if epochs is None else list(epochs) if isinstance(epochs, tuple) else [epochs]
+        if epochs is None:
+            return []
+        return list(epochs) if isinstance(epochs, tuple) else [epochs] * self.relabel_rounds
 
     def epochs_after_round(self, round_: int, default: int) -> int:
         """Epochs of the BC that follows relabelling round `round_` (from 1)."""
-        if self.relabel_epochs is None:
-            return default
-        if isinstance(self.relabel_epochs, tuple):
-            return self.relabel_epochs[round_ - 1]
-        return self.relabel_epochs
+        epochs = self._epochs_per_round()
+        return epochs[round_ - 1] if epochs else default
 
 
 @dataclass(frozen=True)

@@ -291,7 +291,8 @@ def _greedy_eval(model: PPOModel, spec: EnvSpec, mask: torch.Tensor, config: PPO
                  update: int) -> dict[str, float]:
     from ..tester import EvalConfig, evaluate, greedy_agent
 
-    agent = greedy_agent(copy.deepcopy(model).cpu(), mask.cpu().numpy(), device="cpu")
+    # The onnx agent traces a copy of the weights, so the model in training is not touched.
+    agent = greedy_agent(model, mask.cpu().numpy(), device="cpu", engine="onnx")
     result = evaluate(agent, spec.for_evaluation(), EvalConfig(
         episodes=config.eval_episodes, seed=10_000 + update, max_steps=config.eval_max_steps,
         progress=False))
