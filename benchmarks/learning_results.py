@@ -13,10 +13,12 @@ Three arms fine-tune with the same PPO step budget, recipe and seeds:
 Every `--eval-every` updates the policy plays `--eval-episodes` greedy whole games; at the
 end each `ppo.pt`, the BC policy and the scripted demonstrator play `--final-episodes`
 greedy episodes on the same seeds. Prints, per arm (mean over seeds, and each seed):
-the lowest greedy score during the first 20% of fine-tuning (the collapse), the first steps
-at which a greedy evaluation reached the demonstrator's score and `--goal`, and the final
-score; writes `results.md`,
-`results.json` and `learning_curves.png` under `--out`.
+the lowest greedy score during the first 20% of fine-tuning (the collapse); the same
+worst case measured against the BC policy on the same games (each evaluation in the first
+20% is replayed by the BC policy, so the games' own luck cancels; the target is ≥ -3); the
+first steps at which a greedy evaluation reached the demonstrator's score and `--goal`; and
+the final score. Writes `results.md`, `results.json` and `learning_curves.png` under
+`--out`.
 
 Each (arm, seed) run lives in its own directory under `--out`; a run whose `result.json`
 exists is not run again, so adding seeds later only runs the new ones. Runs go `--jobs`
@@ -109,22 +111,40 @@ def _reference_scores(args: argparse.Namespace) -> dict:
     from oakemu_rl.tester import EvalConfig, evaluate, load_policy_agent
 
     path = Path(args.out) / "reference.json"
-    if path.exists():
-        return json.loads(path.read_text())
+    scores = json.loads(path.read_text()) if path.exists() else {}
     pipeline = load_pipeline(args.pipeline)
     config = EvalConfig(episodes=args.final_episodes, seed=1000, progress=False)
     agent, spec = load_policy_agent(Path(args.source) / "bc.pt", device="cpu")
-    demonstrator = make_demonstrator(spec, seed=1000, style=pipeline.demos.style)
-    scores = {
-        "bc": evaluate(agent, spec, config).to_dict(),
-        # The BC start, scored the way the fine-tunes' evaluations are (seed 10_000 + 0).
-        "start": evaluate(agent, spec, dataclasses.replace(
-            config, episodes=args.eval_episodes, seed=10_000)).to_dict(),
-        "demonstrator": evaluate(demonstrator, spec, config).to_dict(),
-        "random": evaluate(RandomAgent(action_mask(spec)), spec, config).to_dict(),
-    }
+    early = _early_updates(args, pipeline)
+    if scores and sorted(map(int, scores.get("early", {}))) == early:
+        return scores
+    if not scores:
+        demonstrator = make_demonstrator(spec, seed=1000, style=pipeline.demos.style)
+        scores = {
+            "bc": evaluate(agent, spec, config).to_dict(),
+            # The BC start, scored the way the fine-tunes' evaluations are (seed 10_000 + 0).
+            "start": evaluate(agent, spec, dataclasses.replace(
+                config, episodes=args.eval_episodes, seed=10_000)).to_dict(),
+            "demonstrator": evaluate(demonstrator, spec, config).to_dict(),
+            "random": evaluate(RandomAgent(action_mask(spec)), spec, config).to_dict(),
+        }
+    # The BC policy on the very games of each evaluation in the first 20% (update u plays
+    # seed 10_000 + u), so a fine-tune's early scores compare with the clone's on the same
+    # games: 3-game scores of the clone alone spread over several points from seed to seed.
+    scores["early"] = {str(u): evaluate(agent, spec, dataclasses.replace(
+        config, episodes=args.eval_episodes, seed=10_000 + u)).mean for u in early}
     path.write_text(json.dumps(scores, indent=2))
     return scores
+
+
+def _early_updates(args: argparse.Namespace, pipeline) -> list[int]:
+    """The updates whose greedy evaluations fall in the first 20% of fine-tuning."""
+    from oakemu_rl.finetune.ppo import PPOConfig
+
+    ppo = {f.name: f.default for f in dataclasses.fields(PPOConfig)} | pipeline.ppo
+    batch = ppo["num_envs"] * ppo["num_steps"]
+    return [u for u in range(args.eval_every, args.steps // batch + 1, args.eval_every)
+            if u * batch <= 0.2 * args.steps]
 
 
 def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> tuple[str, dict]:
@@ -136,17 +156,22 @@ def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> t
             continue
         early = [min((s for step, s in r["curve"] if step <= 0.2 * steps), default=np.nan)
                  for r in runs]
+        drop = [_early_drop(r, reference["early"], steps) for r in runs] if arm != "scratch" \
+            else None
         reach = [next((step for step, s in r["curve"] if s >= goal), None) for r in runs]
         level = [next((step for step, s in r["curve"] if s >= demo), None) for r in runs]
         final = [r["final"]["mean"] for r in runs]
         table[arm] = {"seeds": [r["seed"] for r in runs], "early_min": early,
+                      "early_drop_vs_bc": drop,
                       "steps_to_goal": reach, "steps_to_demonstrator": level, "final": final,
                       "sps": [steps / r["wall_seconds"] for r in runs]}
         reached = [s for s in reach if s is not None]
         per_seed = ", ".join(f"{e:+.0f}" for e in early)
         rows.append(
             f"| {arm} | {len(runs)} | {np.mean(early):+.1f} ({per_seed})"
-            f" | {', '.join('-' if s is None else f'{s // 1000}k' for s in level)}"
+            + (f" | {min(drop):+.1f} ({', '.join(f'{d:+.1f}' for d in drop)})" if drop
+               else " | -")
+            + f" | {', '.join('-' if s is None else f'{s // 1000}k' for s in level)}"
             f" | {len(reached)}/{len(runs)}"
             + (f" (median {int(np.median(reached)):,})" if reached else "")
             + f" | {np.mean(final):+.1f} ({', '.join(f'{f:+.1f}' for f in final)}) |")
@@ -156,12 +181,21 @@ def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> t
         f"{100 * (bc - rand) / (demo - rand):.0f}% of the random-to-demonstrator scale.",
         "",
         "| arm | seeds | lowest greedy score in the first 20% (per seed) "
+        "| worst score minus BC's on the same games, first 20% (per seed) "
         "| first step at the demonstrator's score (per seed) "
         f"| reached {goal:+.0f} | final greedy score (per seed) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
         *rows,
     ])
     return text, table
+
+
+def _early_drop(run: dict, early: dict, steps: int) -> float:
+    """The fine-tune's worst evaluation in the first 20% minus the BC policy's score on the
+    same games (the collapse, with the games' own luck taken out); 0 means no drop."""
+    batch = run["config"]["num_envs"] * run["config"]["num_steps"]
+    return min((s - early[str(step // batch)] for step, s in run["curve"]
+                if step <= 0.2 * steps and str(step // batch) in early), default=np.nan)
 
 
 def _plot(results: list[dict], reference: dict, path: Path) -> None:
