@@ -41,6 +41,8 @@ import numpy as np
 
 ARMS = ("full", "naive", "scratch")
 GUARDS_OFF = {"warmup_updates": 0, "warmup_ramp_updates": 0, "kl_coef": 0.0, "bc_coef": 0.0}
+EARLY_SHARE = 0.2
+"""The start of fine-tuning where a collapse is looked for (the first 20% of the steps)."""
 
 
 def _ppo_settings(pipeline_path: str) -> dict:
@@ -144,7 +146,7 @@ def _early_updates(args: argparse.Namespace, pipeline) -> list[int]:
     ppo = {f.name: f.default for f in dataclasses.fields(PPOConfig)} | pipeline.ppo
     batch = ppo["num_envs"] * ppo["num_steps"]
     return [u for u in range(args.eval_every, args.steps // batch + 1, args.eval_every)
-            if u * batch <= 0.2 * args.steps]
+            if u * batch <= EARLY_SHARE * args.steps]
 
 
 def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> tuple[str, dict]:
@@ -154,7 +156,7 @@ def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> t
         runs = sorted((r for r in results if r["arm"] == arm), key=lambda r: r["seed"])
         if not runs:
             continue
-        early = [min((s for step, s in r["curve"] if step <= 0.2 * steps), default=np.nan)
+        early = [min((s for step, s in r["curve"] if step <= EARLY_SHARE * steps), default=np.nan)
                  for r in runs]
         drop = [_early_drop(r, reference["early"], steps) for r in runs] if arm != "scratch" \
             else None
@@ -195,7 +197,7 @@ def _early_drop(run: dict, early: dict, steps: int) -> float:
     same games (the collapse, with the games' own luck taken out); 0 means no drop."""
     batch = run["config"]["num_envs"] * run["config"]["num_steps"]
     return min((s - early[str(step // batch)] for step, s in run["curve"]
-                if step <= 0.2 * steps and str(step // batch) in early), default=np.nan)
+                if step <= EARLY_SHARE * steps and str(step // batch) in early), default=np.nan)
 
 
 def _plot(results: list[dict], reference: dict, path: Path) -> None:
