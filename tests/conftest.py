@@ -22,3 +22,27 @@ def runs_root(tmp_path_factory, monkeypatch) -> Path:
     root = tmp_path_factory.mktemp("runs")
     monkeypatch.setenv("OAKEMU_RUNS", str(root))
     return root
+
+
+@pytest.fixture
+def checkpoint_file(tmp_path):
+    """`checkpoint_file(name="agent.pt", spec=None, **options)`: a checkpoint written by
+    `builders.write_checkpoint` in the test's temporary directory."""
+    from builders import write_checkpoint
+
+    def make(name: str = "agent.pt", spec=None, **options) -> Path:
+        return write_checkpoint(tmp_path / name, spec, **options)
+
+    return make
+
+
+@pytest.fixture
+def scripted_demos(tmp_path):
+    """`scripted_demos(name="demos.h5", spec=None, **options)`: a demo file recorded by the
+    scripted demonstrator (`builders.record_scripted`)."""
+    from builders import record_scripted
+
+    def make(name: str = "demos.h5", spec=None, **options) -> Path:
+        return record_scripted(tmp_path / name, spec, **options)
+
+    return make

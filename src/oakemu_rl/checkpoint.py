@@ -2,8 +2,10 @@
 
 A checkpoint is a plain dict saved with `torch.save`: key `model` holds the state dict,
 the other keys hold everything needed to rebuild and use the model without any other
-file. It is loaded with `torch.load(weights_only=True)`, so a file can never run code, and
-written atomically, so a kill never leaves half a checkpoint.
+file, and its lineage: the chain of stages that made it, each with its config, its steps
+and the sha256 of the files it read. It is loaded with `torch.load(weights_only=True)`,
+so a file can never run code, and written atomically, so a kill never leaves half a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import __version__
+from .envs.spec import actions_agree
 from .errors import CheckpointError, EnvError
-from .fsutil import atomic_write
+from .fsutil import atomic_write, sha256_file
 from .model import PPOModel, PPOModelConfiguration
 
 if TYPE_CHECKING:
     from .envs import EnvSpec
 
 FORMAT = "oakemu-rl-checkpoint"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added `lineage` and per-stage step names (`bc/updates`); version 1 files still load."""
 
 STAGES = ("scratch", "bc", "calibrate", "ppo")
 
@@ -47,6 +51,8 @@ class Checkpoint:
     steps: dict[str, int] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    lineage: list[dict[str, Any]] = field(default_factory=list)
+    """The stages that made this checkpoint, oldest first (see `lineage_entry`)."""
     package_version: str = __version__
     schema_version: int = SCHEMA_VERSION
     created_at: str = ""
@@ -67,8 +73,16 @@ class Checkpoint:
         steps: dict[str, int] | None = None,
         config: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
+        parent: Checkpoint | None = None,
+        inputs: list[str | Path] | tuple[str | Path, ...] = (),
     ) -> Checkpoint:
+        """A checkpoint of `model` made by `stage` with `config`. `steps` are the stage's own
+        counters (stored as `stage/name`, beside the parent's); the lineage is the parent's
+        with this stage added, naming `inputs` (the files the stage read) by sha256."""
         state = plain_state_dict(model)
+        own = {f"{stage}/{k}": int(v) for k, v in (steps or {}).items()}
+        lineage = [*(parent.lineage if parent else []),
+                   lineage_entry(stage, config or {}, own, inputs)]
         return cls(
             stage=stage,
             model_config=model.model_config,
@@ -77,9 +91,10 @@ class Checkpoint:
             action_mask=[bool(v) for v in action_mask],
             env_spec=dict(env_spec),
             state_dict=state,
-            steps=dict(steps or {}),
+            steps={**(parent.steps if parent else {}), **own},
             config=dict(config or {}),
             extra=dict(extra or {}),
+            lineage=lineage,
         )
 
     def build_model(self, device: torch.device | str = "cpu") -> PPOModel:
@@ -108,9 +123,49 @@ class Checkpoint:
             "steps": self.steps,
             "config": self.config,
             "extra": self.extra,
+            "lineage": self.lineage,
         }
         _check_plain(payload, "checkpoint")
         return payload
+
+
+def lineage_entry(stage: str, config: dict[str, Any], steps: dict[str, int],
+                  inputs: list[str | Path] | tuple[str | Path, ...] = ()) -> dict[str, Any]:
+    """One link of a lineage: the stage, its config, its steps, and each input file's
+    resolved path and sha256 (so a later stage can find and check what an earlier read)."""
+    return {
+        "stage": stage,
+        "config": config,
+        "steps": steps,
+        "inputs": [{"path": str(Path(p).resolve()), "sha256": sha256_file(p)} for p in inputs],
+    }
+
+
+def lineage_inputs(checkpoint: Checkpoint, stage: str) -> list[str]:
+    """The input files of the latest `stage` in the checkpoint's lineage (e.g. the demo
+    files bc.pt was trained on, found from calibrated.pt too); [] when there is none."""
+    for entry in reversed(checkpoint.lineage):
+        if entry.get("stage") == stage:
+            return [item["path"] for item in entry.get("inputs", [])]
+    return []
+
+
+_V1_STEPS = {"epochs": "bc/epochs", "samples": "bc/samples",
+             "calibrate_env_steps": "calibrate/env_steps",
+             "calibrate_iterations": "calibrate/iterations", "global_step": "ppo/global_step"}
+
+
+def _upgrade_v1(stage: str, steps: dict[str, int], config: dict[str, Any]
+                ) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Per-stage step names and a one-link lineage for a schema-1 file. There `updates`
+    meant BC's steps until PPO overwrote it with its own."""
+    renamed = {}
+    for key, value in steps.items():
+        if key == "updates":
+            renamed["ppo/updates" if stage == "ppo" else "bc/updates"] = value
+        else:
+            renamed[_V1_STEPS.get(key, key)] = value
+    return renamed, [{"stage": stage, "config": config, "steps": renamed, "inputs": []}]
 
 
 def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -183,6 +238,64 @@ def _require(payload: dict[str, Any], key: str, kind: type | tuple[type, ...], p
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Read and validate a checkpoint; any problem raises `CheckpointError` naming the file."""
     path = Path(path)
+    payload = _read_payload(path, map_location)
+    schema = _check_header(payload, path)
+    state = _require(payload, "model", dict, path)
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise CheckpointError(f"checkpoint {path} is damaged: its weights are not tensors")
+    try:
+        model_config = PPOModelConfiguration.from_dict(
+            _require(payload, "model_config", dict, path)
+        )
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"checkpoint {path} has an invalid model configuration: {error}") \
+            from None
+    obs_shape = _require(payload, "observation_shape", list, path)
+    if len(obs_shape) != 3 or not all(isinstance(v, int) and v > 0 for v in obs_shape):
+        raise CheckpointError(f"checkpoint {path} is damaged: bad observation shape {obs_shape}")
+    meanings = _require(payload, "action_meanings", list, path)
+    mask = _require(payload, "action_mask", list, path)
+    if not actions_agree(meanings, mask) \
+            or _require(payload, "action_count", int, path) != len(meanings):
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: action count, meanings and mask disagree"
+        )
+    stage = _require(payload, "stage", str, path)
+    steps, lineage = _steps_and_lineage(payload, schema, stage, path)
+    checkpoint = Checkpoint(
+        stage=stage,
+        model_config=model_config,
+        observation_shape=tuple(obs_shape),
+        action_meanings=list(meanings),
+        action_mask=list(mask),
+        env_spec=_require(payload, "env_spec", dict, path),
+        state_dict=state,
+        steps=steps,
+        config=_require(payload, "config", dict, path),
+        extra=_require(payload, "extra", dict, path),
+        lineage=lineage,
+        package_version=_require(payload, "package_version", str, path),
+        schema_version=schema,
+        created_at=_require(payload, "created_at", str, path),
+    )
+    _check_weights_fit(checkpoint, path)
+    return checkpoint
+
+
+def _link_ok(link: Any) -> bool:
+    """Whether one lineage entry has the shape `lineage_entry` writes."""
+    return (isinstance(link, dict) and isinstance(link.get("stage"), str)
+            and isinstance(link.get("config", {}), dict)
+            and isinstance(link.get("steps", {}), dict)
+            and all(isinstance(v, int) and not isinstance(v, bool)
+                    for v in link.get("steps", {}).values())
+            and isinstance(link.get("inputs", []), list)
+            and all(isinstance(i, dict) and isinstance(i.get("path"), str)
+                    and isinstance(i.get("sha256"), str) for i in link.get("inputs", [])))
+
+
+def _read_payload(path: Path, map_location: str | torch.device) -> Any:
+    """torch.load with `weights_only=True`, every failure turned into one clear line."""
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if path.is_dir():
@@ -190,7 +303,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about foreign pickle protocols
-            payload = torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         # A pickle (or torch's zip of one) asking for more than plain data is refused as
         # such; a file of another kind (HDF5, text) only fails on its first "opcode".
@@ -208,6 +321,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or foreign file)") \
             from None
 
+
+def _check_header(payload: Any, path: Path) -> int:
+    """The format marker and a schema version this code reads; returns the version."""
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an OakEmu-RL checkpoint")
     schema = _require(payload, "schema_version", int, path)
@@ -218,55 +334,20 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         )
     if schema < 1:
         raise CheckpointError(f"checkpoint {path} is damaged: schema version {schema}")
+    return schema
 
-    state = _require(payload, "model", dict, path)
-    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
-        raise CheckpointError(f"checkpoint {path} is damaged: its weights are not tensors")
-    try:
-        model_config = PPOModelConfiguration.from_dict(
-            _require(payload, "model_config", dict, path)
-        )
-    except (TypeError, ValueError) as error:
-        raise CheckpointError(f"checkpoint {path} has an invalid model configuration: {error}") \
-            from None
-    obs_shape = _require(payload, "observation_shape", list, path)
-    if len(obs_shape) != 3 or not all(isinstance(v, int) and v > 0 for v in obs_shape):
-        raise CheckpointError(f"checkpoint {path} is damaged: bad observation shape {obs_shape}")
-    meanings = _require(payload, "action_meanings", list, path)
-    mask = _require(payload, "action_mask", list, path)
-    count = _require(payload, "action_count", int, path)
-    if (
-        count < 1
-        or len(meanings) != count
-        or len(mask) != count
-        or not all(isinstance(m, str) for m in meanings)
-        or not all(isinstance(m, bool) for m in mask)
-        or not any(mask)
-    ):
-        raise CheckpointError(
-            f"checkpoint {path} is damaged: action count, meanings and mask disagree"
-        )
+
+def _steps_and_lineage(payload: dict[str, Any], schema: int, stage: str, path: Path
+                       ) -> tuple[dict[str, int], list[dict[str, Any]]]:
     steps = _require(payload, "steps", dict, path)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in steps.values()):
         raise CheckpointError(f"checkpoint {path} is damaged: its 'steps' entry is malformed")
-
-    checkpoint = Checkpoint(
-        stage=_require(payload, "stage", str, path),
-        model_config=model_config,
-        observation_shape=tuple(obs_shape),
-        action_meanings=list(meanings),
-        action_mask=list(mask),
-        env_spec=_require(payload, "env_spec", dict, path),
-        state_dict=state,
-        steps=dict(steps),
-        config=_require(payload, "config", dict, path),
-        extra=_require(payload, "extra", dict, path),
-        package_version=_require(payload, "package_version", str, path),
-        schema_version=schema,
-        created_at=_require(payload, "created_at", str, path),
-    )
-    _check_weights_fit(checkpoint, path)
-    return checkpoint
+    if schema == 1:
+        return _upgrade_v1(stage, dict(steps), _require(payload, "config", dict, path))
+    lineage = _require(payload, "lineage", list, path)
+    if not all(_link_ok(e) for e in lineage):
+        raise CheckpointError(f"checkpoint {path} is damaged: its 'lineage' is malformed")
+    return dict(steps), lineage
 
 
 def _looks_pickled(path: Path) -> bool:
@@ -358,4 +439,6 @@ def describe(checkpoint: Checkpoint) -> dict[str, Any]:
         "created_at": checkpoint.created_at,
         "package_version": checkpoint.package_version,
         "schema_version": checkpoint.schema_version,
+        "lineage": [{"stage": e["stage"], "steps": e.get("steps", {}),
+                     "inputs": e.get("inputs", [])} for e in checkpoint.lineage],
     }

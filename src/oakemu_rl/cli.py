@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 from typing import Any
@@ -11,6 +10,8 @@ import click
 
 from . import __version__
 from .errors import OakEmuError
+from .options import FiniteFloatRange as _FiniteFloatRange
+from .options import config_from, config_options, place_options, seed_option
 
 
 class _Group(click.Group):
@@ -24,29 +25,6 @@ class _Group(click.Group):
             if root.params.get("debug"):
                 raise
             raise click.ClickException(str(error)) from None
-
-
-class _FiniteFloatRange(click.FloatRange):
-    """A FloatRange that also refuses nan and inf (FloatRange lets nan through)."""
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        import math
-
-        number = super().convert(value, param, ctx)
-        if number is not None and not math.isfinite(number):
-            self.fail(f"{number} is not a finite number.", param, ctx)
-        return number
-
-
-def _seed_option():
-    from .agents import SEED_MAX
-
-    return click.option("--seed", type=click.IntRange(0, SEED_MAX), default=0,
-                        show_default=True)
-
-
-def _not_built(name: str) -> None:
-    raise OakEmuError(f"`oakemu {name}` is not built yet")
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -91,6 +69,12 @@ def info(checkpoint: str, as_json: bool) -> None:
         ("created", f"{meta['created_at']} by oakemu-rl {meta['package_version']} "
                     f"(schema {meta['schema_version']})"),
     ]
+    for number, link in enumerate(meta["lineage"], 1):
+        steps = ", ".join(f"{k}={v:,}" for k, v in link["steps"].items()) or "no steps"
+        inputs = ", ".join(f"{item['path']} (sha256 {item['sha256'][:12]})"
+                           for item in link["inputs"]) or "no input files recorded"
+        rows.append(("lineage" if number == 1 else "",
+                     f"{number}. {link['stage']}: {steps}; from {inputs}"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")
@@ -140,6 +124,14 @@ def _spec(game: str, repeat_action_probability: float, noop_max: int,
     return spec
 
 
+def _given_spec_options(ctx: click.Context) -> list[str]:
+    """The env options the user typed (not left at their defaults)."""
+    names = ("game", "repeat_action_probability", "noop_max", "full_action_space",
+             "forbidden_actions")
+    return [name for name in names
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+
+
 @cli.command()
 @_spec_options
 @click.option("--out", type=click.Path(dir_okay=False, path_type=str),
@@ -151,7 +143,8 @@ def _spec(game: str, repeat_action_probability: float, noop_max: int,
 @click.option("--policy", "policy_path", type=click.Path(path_type=str), default=None,
               help="Record a trained agent from this checkpoint instead (its env spec is used).")
 @click.option("--noise", type=_FiniteFloatRange(0, 1), default=0.0, show_default=True,
-              help="Scripted demonstrator: chance per step of a random allowed action.")
+              help="Scripted demonstrator: chance per step of a random allowed action (with "
+                   "--relabel: of the checkpoint's play, never of the labels).")
 @click.option("--style", default="planner", show_default=True,
               help="Scripted demonstrator: planner (plays best) or, on Pong, follow (holds "
                    "keys towards the ball, which behaviour cloning copies well).")
@@ -163,7 +156,7 @@ def _spec(game: str, repeat_action_probability: float, noop_max: int,
               help="Keyboard: agent steps per second (15 is the game's normal speed).")
 @click.option("--max-steps", type=click.IntRange(1), default=None,
               help="Cut each episode after this many agent steps.")
-@_seed_option()
+@seed_option()
 @click.option("--device", default="auto", show_default=True, help="--policy: auto, cpu or cuda.")
 def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, noise: float,
            style: str, relabel_path: str | None, fps: float, max_steps: int | None, seed: int,
@@ -171,40 +164,21 @@ def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, 
     """Record demonstrations into an HDF5 file (one committed episode at a time)."""
     from pathlib import Path
 
-    from .demos.record import RecordConfig
-    from .demos.record import record as run_record
+    from .agents.recording import RecordConfig, recording_agents
+    from .agents.recording import record as run_record
 
-    agent: Any
-    driver: Any = None
-    progress = True
-    if relabel_path is not None:
-        if demonstrator != "scripted" or policy_path is not None:
-            raise OakEmuError("--relabel needs --demonstrator scripted (the script labels "
-                              "the frames the checkpoint's policy plays), without --policy")
-        from .demos.record import relabelling_agents
+    spec = _spec(**spec_options) if policy_path is None and relabel_path is None else None
+    agent, driver, spec = recording_agents(
+        spec, demonstrator=demonstrator, policy=policy_path, relabel=relabel_path, style=style,
+        noise=noise, fps=fps, seed=seed, device=device)
+    keyboard = demonstrator == "keyboard" and policy_path is None and relabel_path is None
+    if keyboard:
+        from .agents.keyboard import key_map_text
 
-        agent, driver, spec = relabelling_agents(relabel_path, style=style, seed=seed,
-                                                 noise=noise, device=device)
-    elif policy_path is not None:
-        from .tester import load_policy_agent
-
-        agent, spec = load_policy_agent(policy_path, device=device)
-    else:
-        spec = _spec(**spec_options)
-        if demonstrator == "scripted":
-            from .demos.scripted import make_demonstrator
-
-            agent = make_demonstrator(spec, seed=seed, noise=noise, style=style)
-        else:
-            from .demos.keyboard import KeyboardAgent, check_display, key_map_text
-
-            check_display()
-            click.echo(key_map_text(spec))
-            agent = KeyboardAgent(spec, fps=fps)
-            progress = False
+        click.echo(key_map_text(spec))
     path = Path(out.format(game=spec.game))
     config = RecordConfig(out=path, spec=spec, episodes=episodes, seed=seed,
-                          max_steps=max_steps, progress=progress)
+                          max_steps=max_steps, progress=not keyboard)
     try:
         result = run_record(config, agent, driver)
     except KeyboardInterrupt:
@@ -281,53 +255,6 @@ def bootstrap() -> None:
     """Stage one and two: behaviour cloning, then critic calibration."""
 
 
-def _options_from(config_cls, skip: tuple[str, ...] = ()):
-    """Click options for every field of a stage's config dataclass, help from its docs."""
-    import dataclasses
-
-    docs = _field_docs(config_cls)
-
-    def decorate(func):
-        for field in reversed(dataclasses.fields(config_cls)):
-            if field.name in skip:
-                continue
-            flag = "--" + field.name.replace("_", "-")
-            default = field.default
-            help_text = docs.get(field.name, "")
-            annotation = str(field.type)
-            if isinstance(default, bool):
-                option = click.option(f"{flag}/--no-{flag[2:]}", field.name, default=default,
-                                      show_default=True, help=help_text)
-            elif annotation.startswith("tuple["):
-                option = click.option(flag, field.name, multiple=True, help=help_text,
-                                      callback=lambda _ctx, _param, value: tuple(value))
-            else:
-                kind = int if annotation.startswith("int") else \
-                    float if annotation.startswith("float") else str
-                option = click.option(flag, field.name, type=kind, default=default,
-                                      show_default=default is not None, help=help_text)
-            func = option(func)
-        return func
-
-    return decorate
-
-
-def _field_docs(config_cls) -> dict[str, str]:
-    """The one-line docstring under each dataclass field."""
-    import ast
-    import inspect
-    import textwrap
-
-    tree = ast.parse(textwrap.dedent(inspect.getsource(config_cls)))
-    docs = {}
-    body = tree.body[0].body
-    for node, after in itertools.pairwise(body):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)):
-            docs[node.target.id] = " ".join(str(after.value.value).split())
-    return docs
-
-
 def _bc_config():
     from .bootstrap.bc import BCConfig
 
@@ -340,33 +267,55 @@ def _calibrate_config():
     return CalibrateConfig
 
 
+def _ppo_config():
+    from .finetune.ppo import PPOConfig
+
+    return PPOConfig
+
+
 @bootstrap.command("bc")
 @click.argument("demo_files", nargs=-1, required=True, type=click.Path(path_type=str))
-@_options_from(_bc_config(), skip=("demos",))
+@config_options(_bc_config())
+@place_options(run_dir="Where bc.pt and metrics go (default data/runs/GAME).",
+               checkpoint="Start from this checkpoint's weights instead of a fresh model "
+                          "(same env spec).")
 def bc(demo_files: tuple[str, ...], **options) -> None:
     """Behaviour cloning: train the trunk and policy head on DEMO_FILES' actions.
 
     Writes bc.pt (the best epoch by validation loss), bc_metrics.jsonl and bc_curves.png
-    into the run directory (default data/runs/GAME).
+    into the run directory (default data/runs/GAME). With --relabel-episodes N, the clone
+    then plays N games that the scripted demonstrator labels, and a fresh BC trains on the
+    demos and those frames (--relabel-rounds times).
     """
     from .bootstrap.bc import BCConfig, train_bc
 
-    path = train_bc(BCConfig(demos=tuple(demo_files), **options))
+    config = config_from(BCConfig, options)
+    path = train_bc(config, demo_files, run_dir=options["run_dir"],
+                    init_from=options["checkpoint"], device=options["device"],
+                    progress=options["progress"])
     click.echo(f"wrote {path}; next: oakemu bootstrap calibrate --run-dir {path.parent}")
 
 
 @bootstrap.command("calibrate")
-@_options_from(_calibrate_config())
+@config_options(_calibrate_config())
+@click.option("--demos", multiple=True, type=click.Path(path_type=str),
+              help="Demo files whose own discounted returns are added as calibration data.")
+@place_options(run_dir="Run directory holding bc.pt; calibrated.pt is written there "
+                       "(default: the last run).",
+               checkpoint="Calibrate this checkpoint instead of the run's bc.pt.")
 def calibrate(**options) -> None:
     """Fit the value head alone on the BC policy's returns in the emulator.
 
     Reads bc.pt from the run directory (default: the last run) and writes calibrated.pt,
-    with the trunk and policy head bit-identical to bc.pt.
+    with the trunk and policy head bit-identical to bc.pt. Runs in one process.
     """
     from .bootstrap.calibrate import CalibrateConfig
     from .bootstrap.calibrate import calibrate as run_calibrate
 
-    path = run_calibrate(CalibrateConfig(**options))
+    config = config_from(CalibrateConfig, options)
+    path = run_calibrate(config, run_dir=options["run_dir"], checkpoint=options["checkpoint"],
+                         demos=tuple(options["demos"]), device=options["device"],
+                         progress=options["progress"])
     click.echo(f"wrote {path}")
 
 
@@ -375,14 +324,15 @@ def finetune() -> None:
     """Stage three: reinforcement learning from the warm start."""
 
 
-def _ppo_config():
-    from .finetune.ppo import PPOConfig
-
-    return PPOConfig
-
-
 @finetune.command("ppo")
-@_options_from(_ppo_config())
+@config_options(_ppo_config())
+@click.option("--bc-demos", multiple=True, type=click.Path(path_type=str),
+              help="Demo files for the BC loss (default: the demos the starting policy was "
+                   "cloned from, found in its lineage).")
+@place_options(run_dir="Run directory holding calibrated.pt; ppo.pt is written there "
+                       "(default: the last run).",
+               checkpoint="Start from this checkpoint (any stage) instead of the run's "
+                          "calibrated.pt.", resume=True)
 def ppo(**options) -> None:
     """Full PPO from the run's calibrated.pt (or --checkpoint), with warm-start guards.
 
@@ -391,8 +341,11 @@ def ppo(**options) -> None:
     """
     from .finetune.ppo import PPOConfig, finetune_ppo
 
+    config = config_from(PPOConfig, options)
     try:
-        path = finetune_ppo(PPOConfig(**options))
+        path = finetune_ppo(config, run_dir=options["run_dir"], checkpoint=options["checkpoint"],
+                            resume=options["resume"], bc_demos=tuple(options["bc_demos"]),
+                            device=options["device"], progress=options["progress"])
     except KeyboardInterrupt:
         raise OakEmuError("stopped; continue from the last checkpoint with the same options "
                           "and --resume") from None
@@ -409,51 +362,40 @@ def ppo(**options) -> None:
 @click.option("--episodes", type=click.IntRange(1), default=5, show_default=True)
 @click.option("--max-steps", type=click.IntRange(1), default=None,
               help="Cut each episode after this many agent steps.")
-@_seed_option()
+@seed_option()
 @click.option("--video", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Save the first episode as .mp4 or .gif.")
 @click.option("--onnx", "onnx_path", type=click.Path(path_type=str), default=None,
               help="Also (or instead) play an exported .onnx policy through onnxruntime.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the scores as JSON.")
-def test(checkpoint: str | None, demonstrator: str | None, style: str, onnx_path: str | None,
-         episodes: int, max_steps: int | None, seed: int, video: str | None, device: str,
-         as_json: bool, **spec_options) -> None:
+@click.pass_context
+def test(ctx: click.Context, checkpoint: str | None, demonstrator: str | None, style: str,
+         onnx_path: str | None, episodes: int, max_steps: int | None, seed: int,
+         video: str | None, device: str, as_json: bool, **spec_options) -> None:
     """Score a checkpoint by greedy play (argmax of the masked logits).
 
-    With --demonstrator scripted the scripted player is scored the same way, on the
-    checkpoint's game when a checkpoint is given, so both land in one table.
+    A checkpoint (or --onnx export) plays its own env spec: the env options (--game,
+    --sticky, --noop-max, --full-action-space, --forbid) only choose the game of
+    --demonstrator scripted played alone, and are refused beside a checkpoint. With
+    --demonstrator scripted beside a checkpoint, the script plays the checkpoint's game,
+    so both land in one table.
     """
-    import dataclasses
-    from pathlib import Path
+    from .agents.play import EvalConfig
+    from .tester import format_table, score_agents
 
-    from .tester import EvalConfig, evaluate, format_table, load_policy_agent
-
-    if checkpoint is None and demonstrator is None and onnx_path is None:
-        raise OakEmuError("give a CHECKPOINT to test, --onnx MODEL, or --demonstrator scripted")
-    config = EvalConfig(episodes=episodes, seed=seed, max_steps=max_steps,
-                        video=Path(video) if video else None, progress=not as_json)
-    results = {}
-    spec = None
-    if checkpoint is not None:
-        agent, spec = load_policy_agent(checkpoint, device=device)
-        results["checkpoint"] = evaluate(agent, spec, config)
-        config = dataclasses.replace(config, video=None)
-    if onnx_path is not None:
-        from .export import load_onnx_agent
-
-        agent, onnx_spec = load_onnx_agent(onnx_path)
-        if spec is not None and not onnx_spec.same_frames_as(spec):
-            raise OakEmuError(f"{onnx_path} was exported for another env spec than {checkpoint}")
-        spec = onnx_spec
-        results["onnx"] = evaluate(agent, spec, config)
-        config = dataclasses.replace(config, video=None)
-    if demonstrator == "scripted":
-        from .demos.scripted import make_demonstrator
-
-        spec = spec or _spec(**spec_options)
-        results["scripted"] = evaluate(make_demonstrator(spec, seed=seed, style=style), spec,
-                                       config)
+    given = _given_spec_options(ctx)
+    if given and (checkpoint is not None or onnx_path is not None):
+        raise OakEmuError(
+            f"--{given[0].replace('_', '-')} does not apply to a checkpoint, which plays the "
+            "env spec it was trained on; drop the env options (they are for --demonstrator "
+            "scripted alone)")
+    config = EvalConfig(episodes=episodes, seed=seed, max_steps=max_steps)
+    spec, results = score_agents(
+        config, checkpoint=checkpoint, onnx=onnx_path,
+        scripted_style=style if demonstrator == "scripted" else None,
+        spec=_spec(**spec_options) if checkpoint is None and onnx_path is None else None,
+        video=video, device=device, progress=not as_json)
     if as_json:
         click.echo(json.dumps({k: v.to_dict() for k, v in results.items()}, indent=2))
     else:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 
 class OakEmuError(Exception):
     """A problem with the user's input (a file, an option, the machine), not a bug."""
@@ -23,21 +26,9 @@ class ConfigError(OakEmuError):
     """A configuration value or option that is not valid."""
 
 
-def check_options(stage: str, config: object, checks: list[tuple[str, bool, str]]) -> None:
-    """Refuse a stage config with a non-finite number or a failed range check, in one line
-    that names the value both as the config key and as the command-line option."""
-    import dataclasses
-    import math
-
-    def flag(name: str) -> str:
-        return "--" + name.replace("_", "-")
-
-    for item in dataclasses.fields(config):  # type: ignore[arg-type]
-        value = getattr(config, item.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{stage} option {item.name}={value!r} is out of range: "
-                              f"{flag(item.name)} must be a finite number")
-    for name, ok, rule in checks:
-        if not ok:
-            raise ConfigError(f"{stage} option {name}={getattr(config, name)!r} is out of range: "
-                              f"{flag(name)} must be {rule}")
+def check_finite(value: Any, what: str, *, where: str, outcome: str) -> None:
+    """Stop a stage whose loss or gradient norm (a number or a 0-d tensor) is nan or inf,
+    in one line: `{what} became nan at {where}; {outcome}` (what was kept, what to try)."""
+    number = float(value.detach() if hasattr(value, "detach") else value)
+    if not math.isfinite(number):
+        raise OakEmuError(f"{what} became {number} at {where}; {outcome}")

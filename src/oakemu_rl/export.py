@@ -1,4 +1,4 @@
-"""Export a checkpoint's policy to ONNX, verified on real emulator frames, and play it back.
+"""Stage: export a checkpoint's policy to ONNX, verified on real emulator frames.
 
 `export_onnx(checkpoint, out)` writes ONE self-contained .onnx file holding `get_logits`:
 input "observation" is the stacked uint8 frame batch, shape (batch, *observation_shape)
@@ -11,8 +11,8 @@ The file is written beside `out` first, checked with onnxruntime against torch o
 frames of the checkpoint's game (batch 1 and the whole set), and only then renamed over
 `out`: a failed or interrupted export never leaves a half-written or unverified file.
 
-`load_onnx_agent(path)` gives a greedy `OnnxPolicyAgent` (the tester's Agent protocol)
-and the env spec from the file's metadata. Nothing in the metadata is ever used as a path.
+Playing a file back is the playing layer's job (`oakemu_rl.agents.onnx`); this module
+only writes and verifies files.
 
 The exporter is torch's TorchScript-based one (`torch.onnx.export(..., dynamo=False)`):
 the torch.export-based one needs the extra `onnxscript` package, and this small
@@ -22,80 +22,40 @@ convolutional graph exports identically with either.
 from __future__ import annotations
 
 import contextlib
-import copy
 import datetime as _dt
-import hashlib
-import io
 import json
 import math
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from . import __version__
+from .agents.onnx import (
+    DEFAULT_OPSET,
+    FORMAT,
+    FORMAT_KEY,
+    INPUT_NAME,
+    OUTPUT_NAME,
+    masked_argmax,
+    onnx_session,
+    trace_logits,
+)
 from .checkpoint import Checkpoint, checkpoint_spec, load_checkpoint
-from .envs import EnvSpec, action_meanings, make_env
-from .errors import ConfigError, EnvError, OakEmuError
-from .fsutil import commit, temp_beside
+from .configs import check_options
+from .envs import EnvSpec, make_env
+from .errors import ConfigError, OakEmuError
+from .fsutil import commit, sha256_file, temp_beside
 from .model import PPOModel
+from .runtime import SEED_MAX
 
-FORMAT_KEY = "oakemu_rl_format"
-FORMAT = "policy-logits-v1"
-"""Value of the `oakemu_rl_format` metadata entry in every file `export_onnx` writes."""
-INPUT_NAME = "observation"
-OUTPUT_NAME = "logits"
-BATCH_DIM = "batch"
 EXPORTER = "torchscript"
 """`torch.onnx.export(..., dynamo=False)`; needs nothing beyond torch and onnx."""
-DEFAULT_OPSET = 17
-"""Old enough for any onnxruntime >= 1.13, new enough for every op the model uses."""
 MIN_OPSET, MAX_OPSET = 9, 20
 """Opsets the TorchScript exporter writes (torch.onnx._constants)."""
-
-_REQUIRED_METADATA = (
-    FORMAT_KEY,
-    "action_meanings",
-    "action_mask",
-    "env_spec",
-    "observation_shape",
-)
-
-
-# -- threads and sessions -------------------------------------------------------------------
-
-
-def default_threads() -> int:
-    """onnxruntime intra-op threads: the CPUs this process may use, at most 4 (a batch-1
-    policy gains nothing from more, and a small machine keeps a core for the emulator)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(4, cpus))
-
-
-def _session(model_bytes: bytes, threads: int | None = None) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or default_threads()
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3  # errors only: no optimizer chatter on the terminal
-    return ort.InferenceSession(model_bytes, sess_options=options,
-                                providers=["CPUExecutionProvider"])
-
-
-def masked_argmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Greedy actions over the allowed ones: argmax over the last axis where `mask` is True
-    (ties go to the lowest index, as torch's argmax does)."""
-    return np.where(mask, logits, -np.inf).argmax(axis=-1)
-
 
 # -- export --------------------------------------------------------------------------------
 
@@ -150,17 +110,6 @@ class ExportReport:
         }
 
 
-class _Logits(nn.Module):
-    """`PPOModel.get_logits` as a module's forward, for the tracer."""
-
-    def __init__(self, model: PPOModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model.get_logits(x)
-
-
 def _display_game(spec: EnvSpec) -> str:
     return "".join(part.capitalize() for part in spec.game.split("_"))
 
@@ -188,24 +137,22 @@ def collect_observations(
     return np.ascontiguousarray(np.stack(frames[:count]), dtype=np.uint8)
 
 
-def _check_options(opset: int | None, verify_frames: int, tolerance: float, seed: int) -> int:
-    opset = DEFAULT_OPSET if opset is None else opset
-    if isinstance(opset, bool) or not isinstance(opset, int) \
-            or not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ConfigError(
-            f"opset must be an integer from {MIN_OPSET} to {MAX_OPSET}, got {opset!r}"
-        )
-    if isinstance(verify_frames, bool) or not isinstance(verify_frames, int) \
-            or verify_frames < 1:
-        raise ConfigError(
-            f"verify_frames must be a positive integer, got {verify_frames!r}"
-        )
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) \
-            or not math.isfinite(tolerance) or tolerance < 0:
-        raise ConfigError(f"tolerance must be a finite number ≥ 0, got {tolerance!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    return opset
+@dataclass(frozen=True)
+class _ExportOptions:
+    """The export's settings, checked like every stage's options."""
+
+    opset: int
+    verify_frames: int
+    tolerance: float
+    seed: int
+
+    def __post_init__(self) -> None:
+        check_options(self, [
+            ("opset", MIN_OPSET <= self.opset <= MAX_OPSET, f"from {MIN_OPSET} to {MAX_OPSET}"),
+            ("verify_frames", self.verify_frames >= 1, "≥ 1"),
+            ("tolerance", self.tolerance >= 0, "≥ 0"),
+            ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
+        ], stage="export")
 
 
 def _metadata(checkpoint: Checkpoint, spec: EnvSpec, digest: str) -> dict[str, str]:
@@ -229,38 +176,11 @@ def _metadata(checkpoint: Checkpoint, spec: EnvSpec, digest: str) -> dict[str, s
     }
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _trace(model: PPOModel, target: str | io.BytesIO, opset: int = DEFAULT_OPSET) -> None:
-    """Trace `get_logits` (uint8 frames in, logits out, dynamic batch) into `target`."""
-    example = torch.zeros((2, *model.observation_shape), dtype=torch.uint8)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
-        torch.onnx.export(
-            _Logits(model).eval(),
-            (example,),
-            target,
-            dynamo=False,
-            input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={INPUT_NAME: {0: BATCH_DIM}, OUTPUT_NAME: {0: BATCH_DIM}},
-            opset_version=opset,
-            do_constant_folding=True,
-            export_params=True,
-        )
-
-
 def _write_onnx(model: PPOModel, tmp: Path, opset: int, metadata: dict[str, str]) -> None:
     """Trace `get_logits` into `tmp`, then add the metadata (one file, no external data)."""
     import onnx
 
-    _trace(model, str(tmp), opset)
+    trace_logits(model, str(tmp), opset)
     proto = onnx.load(str(tmp), load_external_data=False)
     proto.producer_name = "oakemu-rl"
     proto.producer_version = __version__
@@ -284,7 +204,7 @@ def _verify(
     frames: np.ndarray,
 ) -> tuple[float, int, tuple[int, ...]]:
     """(max |Δlogit|, frames whose greedy actions agree in every run, batch sizes run)."""
-    session = _session(model_bytes)
+    session = onnx_session(model_bytes)
     with torch.no_grad():
         reference = model.eval().get_logits(torch.from_numpy(frames)).numpy()
     runs = [np.concatenate([session.run([OUTPUT_NAME], {INPUT_NAME: frames[i:i + 1]})[0]
@@ -321,7 +241,8 @@ def export_onnx(
     as it was. A bad checkpoint raises `CheckpointError`; bad options `ConfigError`.
     """
     source, target = Path(checkpoint), Path(out)
-    opset = _check_options(opset, verify_frames, tolerance, seed)
+    opset = DEFAULT_OPSET if opset is None else opset
+    _ExportOptions(opset, verify_frames, tolerance, seed)
     if target.is_dir():
         raise ConfigError(f"cannot write the ONNX model to {target}: it is a directory")
     if source.exists() and target.exists() and os.path.samefile(source, target):
@@ -330,7 +251,7 @@ def export_onnx(
     spec = checkpoint_spec(loaded, source)
     mask = np.asarray(loaded.action_mask, dtype=bool)
     model = loaded.build_model("cpu").eval()
-    metadata = _metadata(loaded, spec, _sha256(source))
+    metadata = _metadata(loaded, spec, sha256_file(source))
     frames = collect_observations(spec, verify_frames, seed=seed, mask=mask)
 
     tmp = temp_beside(target, suffix=".onnx")
@@ -377,158 +298,3 @@ def export_onnx(
     return report
 
 
-# -- playing an exported model ---------------------------------------------------------------
-
-
-def _bad(path: Path, why: str) -> OakEmuError:
-    return OakEmuError(f"{path} {why}")
-
-
-def _json_entry(meta: dict[str, str], key: str, path: Path) -> Any:
-    try:
-        return json.loads(meta[key])
-    except (TypeError, ValueError):
-        raise _bad(path, f"has a damaged '{key}' metadata entry (not valid JSON)") from None
-
-
-class OnnxPolicyAgent:
-    """Plays an exported model greedily: argmax of the logits over the allowed actions.
-
-    Follows the tester's Agent protocol (`kind`, `reset`, `act`). Build it with
-    `load_onnx_agent(path)` or `OnnxPolicyAgent(path)`; both refuse, with `OakEmuError`
-    naming the file, anything that is not an ONNX model written by `export_onnx`.
-    """
-
-    kind = "policy"
-
-    def __init__(self, path: str | Path, *, threads: int | None = None) -> None:
-        import onnx
-        from google.protobuf.message import DecodeError
-
-        self.path = path = Path(path)
-        if not path.exists():
-            raise _bad(path, "does not exist")
-        if path.is_dir():
-            raise _bad(path, "is a directory, not an ONNX model file")
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise OakEmuError(f"cannot read {path}: {error.strerror or error}") from None
-        try:
-            proto = onnx.load_model_from_string(data)
-        except (DecodeError, ValueError, RuntimeError):
-            raise _bad(path, "is not an ONNX model (corrupt, truncated or another kind of "
-                             "file)") from None
-        if not proto.HasField("graph") or not proto.graph.node:
-            raise _bad(path, "is not an ONNX model (corrupt, truncated or another kind of "
-                             "file)")
-        meta = {entry.key: entry.value for entry in proto.metadata_props}
-        if meta.get(FORMAT_KEY) != FORMAT:
-            found = meta.get(FORMAT_KEY)
-            what = f"format {found!r}, not {FORMAT!r}" if found else "no OakEmu-RL metadata"
-            raise _bad(path, f"is not an OakEmu-RL policy export ({what}); export one with "
-                             "`oakemu export onnx`")
-        missing = [key for key in _REQUIRED_METADATA if key not in meta]
-        if missing:
-            raise _bad(path, f"lacks the '{missing[0]}' metadata entry; re-export it")
-        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
-            raise _bad(path, "refers to external weight files; OakEmu-RL exports are one "
-                             "self-contained file")
-
-        meanings = _json_entry(meta, "action_meanings", path)
-        mask = _json_entry(meta, "action_mask", path)
-        shape = _json_entry(meta, "observation_shape", path)
-        if (
-            not isinstance(meanings, list)
-            or not isinstance(mask, list)
-            or not meanings
-            or len(meanings) != len(mask)
-            or not all(isinstance(m, str) for m in meanings)
-            or not all(isinstance(m, bool) for m in mask)
-            or not any(mask)
-        ):
-            raise _bad(path, "has damaged metadata: its action meanings and mask disagree")
-        if not isinstance(shape, list) or len(shape) != 3 or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape
-        ):
-            raise _bad(path, f"has damaged metadata: bad observation shape {shape!r}")
-        try:
-            spec = EnvSpec.from_json(meta["env_spec"])
-            game_meanings = list(action_meanings(spec.game, spec.full_action_space))
-        except EnvError as error:
-            raise _bad(path, f"has an unusable env spec in its metadata: {error}") from None
-        if game_meanings != meanings:
-            raise _bad(path, f"was made for the actions {', '.join(meanings)}, but "
-                             f"{spec.game} has {', '.join(game_meanings)}")
-        if tuple(shape) != spec.observation_shape:
-            raise _bad(path, f"expects observations of shape {tuple(shape)}, but its env "
-                             f"spec gives {spec.observation_shape}")
-
-        try:
-            session = _session(data, threads)
-        except Exception as error:
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise _bad(path, f"cannot be loaded by onnxruntime: {first_line[:200]}") from None
-        inputs, outputs = session.get_inputs(), session.get_outputs()
-        names = ([i.name for i in inputs], [o.name for o in outputs])
-        if names != ([INPUT_NAME], [OUTPUT_NAME]) or inputs[0].type != "tensor(uint8)":
-            raise _bad(path, f"does not have the graph of a policy export (one uint8 input "
-                             f"'{INPUT_NAME}', one output '{OUTPUT_NAME}')")
-        if [d for d in inputs[0].shape[1:]] != list(shape):
-            raise _bad(path, f"takes inputs of shape {inputs[0].shape}, but its metadata "
-                             f"says {shape}")
-        if outputs[0].shape[1:] != [len(meanings)]:
-            raise _bad(path, f"gives {outputs[0].shape[1:]} logits per frame, but its "
-                             f"metadata lists {len(meanings)} actions")
-
-        self.session = session
-        self.spec = spec
-        self.action_meanings = tuple(meanings)
-        self.mask = np.asarray(mask, dtype=bool)
-        self.observation_shape = tuple(shape)
-        self.metadata = dict(meta)
-
-    @classmethod
-    def from_model(cls, model: PPOModel, action_mask: np.ndarray, *,
-                   threads: int | None = None) -> OnnxPolicyAgent:
-        """A greedy agent for a live model: `get_logits` is traced in memory (no file, no
-        metadata) and run by onnxruntime. On CPU at batch 1 this plays faster than the
-        torch model (benchmarks/greedy_play.py); the weights are the model's as they are
-        now, so later training does not reach the agent."""
-        buffer = io.BytesIO()
-        _trace(copy.deepcopy(model).cpu().to(memory_format=torch.contiguous_format).eval(),
-               buffer)
-        agent = cls.__new__(cls)
-        agent.path = None
-        agent.session = _session(buffer.getvalue(), threads)
-        agent.spec = None
-        agent.action_meanings = ()
-        agent.mask = np.asarray(action_mask, dtype=bool)
-        agent.observation_shape = tuple(model.observation_shape)
-        agent.metadata = {}
-        return agent
-
-    def logits(self, observations: np.ndarray) -> np.ndarray:
-        """Raw logits, shape (batch, actions), for uint8 observations (batch, *shape)."""
-        x = np.ascontiguousarray(observations)
-        if x.dtype != np.uint8 or x.shape[1:] != self.observation_shape:
-            raise ValueError(
-                f"observations must be uint8 of shape (batch, {self.observation_shape}), "
-                f"got {x.dtype} {x.shape}"
-            )
-        return self.session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
-
-    def reset(self, env: Any, seed: int) -> None:
-        pass  # greedy play: no state, no randomness
-
-    def act(self, env: Any, observation: np.ndarray) -> int:
-        logits = self.logits(np.asarray(observation)[None])
-        return int(masked_argmax(logits[0], self.mask))
-
-
-def load_onnx_agent(
-    path: str | Path, *, threads: int | None = None
-) -> tuple[OnnxPolicyAgent, EnvSpec]:
-    """A greedy `OnnxPolicyAgent` for an exported model, and the env spec it was made for."""
-    agent = OnnxPolicyAgent(path, threads=threads)
-    return agent, agent.spec

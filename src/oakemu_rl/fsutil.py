@@ -89,3 +89,14 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     with atomic_write(path, "w") as handle:
         handle.write(text)
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

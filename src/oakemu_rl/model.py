@@ -157,7 +157,9 @@ class PPOModel(nn.Module):
 
     # -- features -----------------------------------------------------------------------
 
-    def _features(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared trunk's output, (batch, fc width): what both heads read. Critic
+        calibration fits the value head on these with the trunk frozen."""
         first = self.conv[0]
         if (x.dim() == 4 and isinstance(first, nn.Conv2d)
                 and first.weight.is_contiguous(memory_format=torch.channels_last)):
@@ -173,12 +175,12 @@ class PPOModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (action_logits (batch, actions), values (batch, 1))."""
-        features = self._features(x)
+        features = self.features(x)
         return self.policy_head(features), self.value_head(features)
 
     def get_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Action logits only, shape (batch, actions); used for greedy play and ONNX export."""
-        return self.policy_head(self._features(x))
+        return self.policy_head(self.features(x))
 
     def get_value(self, x: torch.Tensor, *, detach_features: bool = False) -> torch.Tensor:
         """State values, shape (batch,).
@@ -186,7 +188,7 @@ class PPOModel(nn.Module):
         With `detach_features=True` the trunk's output is detached, so a loss on the value
         reaches only `value_head`: critic calibration cannot reshape what BC imprinted.
         """
-        features = self._features(x)
+        features = self.features(x)
         if detach_features:
             features = features.detach()
         return self.value_head(features).squeeze(-1)
@@ -205,9 +207,9 @@ class PPOModel(nn.Module):
         logits, value = self.forward(x)
         logits = self.masked_logits(logits, action_mask)
         log_probs = torch.log_softmax(logits, dim=-1)
-        probs = log_probs.exp()
+        entropy = masked_entropy(log_probs)
         if action is None:
-            action = torch.multinomial(probs, 1).squeeze(-1)
+            action = torch.multinomial(log_probs.exp(), 1).squeeze(-1)
         else:
             action = action.to(device=logits.device).long().reshape(-1)
             if action.shape[0] != logits.shape[0]:
@@ -219,9 +221,6 @@ class PPOModel(nn.Module):
             if action_mask is not None and not bool(action_mask.to(logits.device)[action].all()):
                 raise ValueError("cannot score an action that the action mask forbids")
         log_prob = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
-        # Forbidden actions have probability 0: leave them out rather than multiply 0 by -inf.
-        p_log_p = torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs))
-        entropy = -p_log_p.sum(-1)
         return PPOActionBundle(action, log_prob, entropy, value.squeeze(-1))
 
     # -- helpers ------------------------------------------------------------------------
@@ -233,7 +232,25 @@ class PPOModel(nn.Module):
         if action_mask is None:
             return logits
         mask = check_action_mask(action_mask, self.action_shape).to(logits.device)
-        return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+        return mask_logits(logits, mask)
+
+
+def mask_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Logits with the actions `mask` forbids pushed to the dtype's lowest value, so a
+    softmax gives them probability 0 and an argmax never picks them."""
+    return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+
+
+def masked_log_softmax(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities over the allowed actions (forbidden ones are hugely negative)."""
+    return torch.log_softmax(mask_logits(logits, mask), dim=-1)
+
+
+def masked_entropy(log_probs: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row of log-probabilities. Forbidden actions have probability 0:
+    they are left out rather than multiplying 0 by a huge negative number."""
+    probs = log_probs.exp()
+    return -torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs)).sum(-1)
 
 
 def check_action_mask(action_mask: torch.Tensor, action_count: int) -> torch.Tensor:

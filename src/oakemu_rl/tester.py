@@ -1,32 +1,24 @@
-"""The tester: greedy evaluation of an agent on whole games, with an optional video.
+"""Stage: the tester, greedy games of an agent scored in a table, with an optional video.
 
-`evaluate(agent, spec, config)` plays `config.episodes` games on the evaluation spec (raw
-game rewards, a lost life does not end the game), one env, episode i seeded with
-`seed + i`, so the same agent and seed always give the same scores. Every action is
-checked against the spec's action mask. With `config.video` set, the first episode's RGB
-screen is written as a .gif (Pillow) or .mp4 (H.264 through imageio-ffmpeg) that a person
-can watch; the file appears only once it is complete.
+`evaluate(agent, spec, config)` plays the games (`agents.play.play_games`: the evaluation
+spec, whole games, seeded, every action checked against the mask). With `video`, the first
+episode's RGB screen is written as a .gif (Pillow) or .mp4 (H.264 through imageio-ffmpeg)
+that a person can watch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import operator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from tqdm import tqdm
 
-from .agents import Agent, PolicyAgent, resolve_device
-from .checkpoint import checkpoint_spec, load_checkpoint
-from .envs import EnvSpec, action_mask, action_meanings, make_env
+from .agents import Agent
+from .agents.play import EvalConfig, EvalResult, play_games
+from .envs import EnvSpec, require_same_env
 from .errors import ConfigError, OakEmuError
 from .fsutil import atomic_write, commit, temp_beside
-from .model import PPOModel
 
 VIDEO_FORMATS = (".gif", ".mp4")
 """Video file extensions the tester writes."""
@@ -34,10 +26,6 @@ VIDEO_SCALE = 2
 """Each emulator pixel becomes a VIDEO_SCALE × VIDEO_SCALE block (nearest neighbour)."""
 EMULATOR_HZ = 60
 """Frames per second of the emulated console; the video shows one frame per agent step."""
-
-
-class AgentActionError(OakEmuError, ValueError):
-    """An agent returned an action that is not a valid, allowed action index."""
 
 
 def check_video_path(video: Path | str) -> Path:
@@ -52,114 +40,7 @@ def check_video_path(video: Path | str) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class EvalConfig:
-    """How the tester plays. (Not `TestConfig`: pytest would try to collect that name.)"""
-
-    episodes: int = 5
-    """Games to play."""
-    seed: int = 0
-    """Episode i is played with seed `seed + i` (no-op starts and sticky actions)."""
-    max_steps: int | None = None
-    """Agent steps after which an episode is cut; None plays until the emulator ends it."""
-    video: Path | None = None
-    """A .gif or .mp4 file to write the first episode to; None writes no video."""
-    progress: bool = True
-    """Show a tqdm bar over episodes with the last score (on stderr)."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.episodes, bool) or not isinstance(self.episodes, int) \
-                or self.episodes < 1:
-            raise ConfigError(f"episodes must be a positive integer, got {self.episodes!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if self.max_steps is not None and (
-            isinstance(self.max_steps, bool)
-            or not isinstance(self.max_steps, int)
-            or self.max_steps < 1
-        ):
-            raise ConfigError(
-                f"max_steps must be a positive integer or None, got {self.max_steps!r}"
-            )
-        if self.video is not None:
-            object.__setattr__(self, "video", check_video_path(self.video))
-
-
 # -- results ----------------------------------------------------------------------------
-
-
-def _stat(values: list[float], fn: Any) -> float:
-    return float(fn(np.asarray(values, dtype=np.float64))) if values else math.nan
-
-
-@dataclass
-class EvalResult:
-    """Scores (sum of raw game rewards) and lengths (agent steps) of the episodes played.
-
-    The statistics are over episodes; `std` is the population standard deviation (ddof=0).
-    They are NaN for a result with no episodes.
-    """
-
-    scores: list[float] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if len(self.scores) != len(self.lengths):
-            raise ValueError(
-                f"{len(self.scores)} scores but {len(self.lengths)} lengths; they must match"
-            )
-
-    @property
-    def episodes(self) -> int:
-        return len(self.scores)
-
-    @property
-    def mean(self) -> float:
-        return _stat(self.scores, np.mean)
-
-    @property
-    def std(self) -> float:
-        return _stat(self.scores, np.std)
-
-    @property
-    def min(self) -> float:
-        return _stat(self.scores, np.min)
-
-    @property
-    def max(self) -> float:
-        return _stat(self.scores, np.max)
-
-    @property
-    def mean_length(self) -> float:
-        return _stat(self.lengths, np.mean)
-
-    @property
-    def std_length(self) -> float:
-        return _stat(self.lengths, np.std)
-
-    @property
-    def min_length(self) -> float:
-        return _stat(self.lengths, np.min)
-
-    @property
-    def max_length(self) -> float:
-        return _stat(self.lengths, np.max)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain types (JSON-ready): the per-episode lists and their statistics."""
-        return {
-            "episodes": self.episodes,
-            "scores": [float(s) for s in self.scores],
-            "lengths": [int(n) for n in self.lengths],
-            "mean": self.mean,
-            "std": self.std,
-            "min": self.min,
-            "max": self.max,
-            "mean_length": self.mean_length,
-            "std_length": self.std_length,
-            "min_length": self.min_length,
-            "max_length": self.max_length,
-        }
 
 
 def format_table(results: dict[str, EvalResult]) -> str:
@@ -306,111 +187,62 @@ def _video_writer(path: Path, spec: EnvSpec) -> _GifWriter | _Mp4Writer:
 # -- evaluation ---------------------------------------------------------------------------
 
 
-def _checked_action(raw: Any, mask: np.ndarray, meanings: tuple[str, ...], agent: Any) -> int:
-    kind = getattr(agent, "kind", type(agent).__name__)
+def evaluate(agent: Agent, spec: EnvSpec, config: EvalConfig | None = None, *,
+             video: Path | str | None = None, progress: bool = True) -> EvalResult:
+    """Play `config.episodes` greedy games with `agent` (`play_games`) and, with `video`,
+    film the first one: the file appears only once it is complete, and a failure leaves
+    what was there before."""
+    if video is None:
+        return play_games(agent, spec, config, progress=progress)
+    writer = _video_writer(check_video_path(video), spec.for_evaluation())
+
+    def film(episode: int, env: Any) -> None:
+        if episode == 0:
+            writer.add(env.unwrapped.render())
+
     try:
-        action = operator.index(raw)
-    except TypeError:
-        raise AgentActionError(
-            f"the {kind} agent returned {raw!r}, which is not an action index"
-        ) from None
-    if not 0 <= action < len(mask):
-        raise AgentActionError(
-            f"the {kind} agent returned action {action}, but the game has actions "
-            f"0..{len(mask) - 1}"
-        )
-    if not mask[action]:
-        allowed = [m for m, ok in zip(meanings, mask, strict=True) if ok]
-        raise AgentActionError(
-            f"the {kind} agent chose the forbidden action {meanings[action]} ({action}); "
-            f"the action mask allows only {', '.join(allowed)}"
-        )
-    return action
-
-
-def evaluate(agent: Agent, spec: EnvSpec, config: EvalConfig | None = None) -> EvalResult:
-    """Play `config.episodes` games with `agent` and return their scores and lengths.
-
-    The games use `spec.for_evaluation()`: raw rewards, whole games. An action the spec's
-    mask forbids (or that is out of range) raises `AgentActionError`.
-    """
-    config = config or EvalConfig()
-    spec = spec.for_evaluation()
-    mask = action_mask(spec)
-    meanings = action_meanings(spec.game, spec.full_action_space)
-    writer = _video_writer(config.video, spec) if config.video is not None else None
-    result = EvalResult()
-    env = make_env(spec, render_mode="rgb_array")
-    bar = tqdm(total=config.episodes, unit="episode", disable=not config.progress,
-               desc=f"evaluating {spec.game}")
-    try:
-        for episode in range(config.episodes):
-            seed = config.seed + episode
-            recording = writer if episode == 0 else None
-            observation, _ = env.reset(seed=seed)
-            agent.reset(env, seed)
-            if recording is not None:
-                recording.add(env.unwrapped.render())
-            score, steps = 0.0, 0
-            while config.max_steps is None or steps < config.max_steps:
-                action = _checked_action(agent.act(env, observation), mask, meanings, agent)
-                observation, reward, terminated, truncated, _ = env.step(action)
-                score += float(reward)
-                steps += 1
-                if recording is not None:
-                    recording.add(env.unwrapped.render())
-                if terminated or truncated:
-                    break
-            if recording is not None:
-                recording.finish()
-                writer = None
-            result.scores.append(score)
-            result.lengths.append(steps)
-            bar.set_postfix(score=f"{score:+.0f}", steps=steps)
-            bar.update(1)
-    finally:
-        if writer is not None:
-            writer.abort()
-        bar.close()
-        env.close()
+        result = play_games(agent, spec, config, progress=progress, watch=film)
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
     return result
 
 
-GREEDY_ENGINES = ("auto", "torch", "onnx")
 
 
-def greedy_agent(model: PPOModel, action_mask: np.ndarray, *, device: str = "auto",
-                 engine: str = "auto") -> Agent:
-    """An agent that plays `model` greedily over the allowed actions.
+def score_agents(config: EvalConfig, *, checkpoint: str | Path | None = None,
+                 onnx: str | Path | None = None, scripted_style: str | None = None,
+                 spec: EnvSpec | None = None, video: str | Path | None = None,
+                 device: str = "auto", progress: bool = True
+                 ) -> tuple[EnvSpec, dict[str, EvalResult]]:
+    """What `oakemu test` plays: a checkpoint, an exported .onnx policy and the scripted
+    demonstrator (in `scripted_style`), each on the same games, the first one filmed. A
+    checkpoint or export plays its own env spec; `spec` is only for the demonstrator alone."""
+    from .agents import load_policy_agent
+    from .agents.onnx import load_onnx_agent
+    from .agents.scripted import make_demonstrator
 
-    engine "onnx" runs the policy through onnxruntime on CPU, "torch" runs the model itself
-    on `device`, and "auto" takes onnxruntime when the device resolves to the CPU: at batch
-    1 it played Pong at 1,412-1,531 steps/s against 740-904 for the torch model on 2 threads,
-    with the same actions (benchmarks/greedy_play.py measures it). The threads are torch's
-    (`torch.get_num_threads()`), so a caller that limits torch limits this too.
-    """
-    if engine not in GREEDY_ENGINES:
-        raise ConfigError(f"unknown greedy engine {engine!r} (choose from "
-                          f"{', '.join(GREEDY_ENGINES)})")
-    torch_device = resolve_device(device)
-    mask = np.asarray(action_mask, dtype=bool)
-    if engine == "onnx" or (engine == "auto" and torch_device.type == "cpu"):
-        from .export import OnnxPolicyAgent
-
-        return OnnxPolicyAgent.from_model(model, mask, threads=torch.get_num_threads())
-    return PolicyAgent(model, mask, greedy=True, device=torch_device)
-
-
-def load_policy_agent(
-    checkpoint_path: str | Path, device: str = "auto", *, engine: str = "auto"
-) -> tuple[Agent, EnvSpec]:
-    """A greedy agent for the checkpoint's model and mask (`greedy_agent`), and the
-    checkpoint's spec."""
-    path = Path(checkpoint_path)
-    checkpoint = load_checkpoint(path)
-    spec = checkpoint_spec(checkpoint, path)
-    torch_device = resolve_device(device)
-    model = checkpoint.build_model(torch_device)
-    agent = greedy_agent(model, np.asarray(checkpoint.action_mask, dtype=bool),
-                         device=device, engine=engine)
-    return agent, spec
+    if checkpoint is None and onnx is None and scripted_style is None:
+        raise OakEmuError("give a CHECKPOINT to test, --onnx MODEL, or --demonstrator scripted")
+    results: dict[str, EvalResult] = {}
+    played: EnvSpec | None = None
+    if checkpoint is not None:
+        agent, played = load_policy_agent(checkpoint, device=device)
+        results["checkpoint"] = evaluate(agent, played, config, video=video, progress=progress)
+        video = None
+    if onnx is not None:
+        agent, onnx_spec = load_onnx_agent(onnx)
+        if played is not None:
+            require_same_env(f"{onnx}", onnx_spec, agent.action_meanings, str(checkpoint),
+                             played, agent.action_meanings,
+                             hint="export the checkpoint you test", error=OakEmuError)
+        played = onnx_spec
+        results["onnx"] = evaluate(agent, played, config, video=video, progress=progress)
+        video = None
+    if scripted_style is not None:
+        played = played or spec or EnvSpec()
+        demonstrator = make_demonstrator(played, seed=config.seed, style=scripted_style)
+        results["scripted"] = evaluate(demonstrator, played, config, video=video,
+                                       progress=progress)
+    return played, results

@@ -21,15 +21,18 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import runs
-from ..agents import PRECISIONS, SEED_MAX, autocast_dtype, resolve_device
 from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from ..demos import DemoFile
-from ..envs import EnvSpec
-from ..errors import ConfigError, DemoFileError, OakEmuError, check_options
+from ..configs import check_choice, check_options
+from ..demos import DemoFile, open_demo_files
+from ..demos.dataset import DemoDataset, split_episodes
+from ..envs import EnvSpec, require_same_env
+from ..errors import DemoFileError, OakEmuError, check_finite
 from ..metrics import MetricsLogger
 from ..model import ARCHITECTURES, PPOModel
 from ..plots import plot_bc_curves
-from .data import DemoDataset, split_episodes
+from ..rl.losses import bc_loss
+from ..runtime import PRECISIONS, SEED_MAX, autocast_dtype, resolve_device
+from . import dagger
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
 
@@ -38,10 +41,6 @@ LR_SCHEDULES = ("cosine", "linear", "constant")
 class BCConfig:
     """Behaviour cloning settings; `oakemu bootstrap bc --help` shows them as options."""
 
-    demos: tuple[str, ...]
-    """Demo files recorded with one env spec."""
-    run_dir: str | None = None
-    """Where bc.pt and metrics go (default data/runs/<game>)."""
     epochs: int = 10
     """Passes over the training episodes (fewer if early stopping ends it)."""
     batch_size: int = 64
@@ -67,8 +66,6 @@ class BCConfig:
     """Clip the gradient norm to this (0 turns clipping off)."""
     seed: int = 0
     """Seeds the split, the model init, the shuffling and the augmentation."""
-    device: str = "auto"
-    """auto (CUDA when present), cpu or cuda."""
     precision: str = "auto"
     """Training arithmetic: fp32, bf16 (autocast; weights and the loss stay fp32) or auto
     (bf16 on a GPU that supports it, fp32 on the CPU). Validation is always fp32."""
@@ -80,18 +77,28 @@ class BCConfig:
     """Streaming: blocks shuffled together (resident memory ≈ this × block_size frames)."""
     num_workers: int = 0
     """DataLoader worker processes reading the HDF5 files."""
-    checkpoint: str | None = None
-    """Start from this checkpoint's weights instead of a fresh model (same spec)."""
     architecture: str = "nature"
     """Fresh model size: nature (the Nature-DQN trunk), small or tiny (quick CPU runs)."""
     head_gain: float = 1.0
     """Fresh model: re-initialise the policy head with this orthogonal gain before training
     (0 keeps PPO's near-uniform 0.01 init, under which BC sits at the action prior)."""
-    progress: bool = True
-    """Show tqdm bars."""
+    relabel_episodes: int = 0
+    """Relabelling (DAgger): after BC, the clone plays this many games while the scripted
+    demonstrator labels every frame with what it would do, and a fresh BC trains on the
+    demos and those frames (0: off)."""
+    relabel_rounds: int = 1
+    """Relabelling rounds: each round's newest clone plays `relabel_episodes` games into
+    relabelled.h5, relabelled2.h5, ..., and a fresh BC trains on the demos and all of them."""
+    relabel_epochs: int | tuple[int, ...] | None = None
+    """Epochs of each BC after a relabelling round: one number for every round, or a list
+    with one per round (default: epochs)."""
+    relabel_style: str = "planner"
+    """The scripted demonstrator's style that labels the clone's frames."""
+    relabel_seed: int | None = None
+    """Seed of the first relabelled game (default: the one after the demo files' last)."""
 
     def __post_init__(self) -> None:
-        check_options("bc", self, [
+        check_options(self, [
             ("epochs", self.epochs >= 1, "≥ 1"), ("batch_size", self.batch_size >= 1, "≥ 1"),
             ("lr", self.lr > 0, "> 0"), ("weight_decay", self.weight_decay >= 0, "≥ 0"),
             ("label_smoothing", 0 <= self.label_smoothing < 1, "in [0, 1)"),
@@ -105,38 +112,30 @@ class BCConfig:
             ("shuffle_blocks", self.shuffle_blocks >= 1, "≥ 1"),
             ("num_workers", self.num_workers >= 0, "≥ 0"),
             ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
-        ])
-        if self.architecture not in ARCHITECTURES:
-            raise ConfigError(f"bc option architecture must be one of {sorted(ARCHITECTURES)}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"bc option precision must be one of {PRECISIONS}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"bc option lr_schedule must be one of {LR_SCHEDULES}")
-        if not self.demos:
-            raise ConfigError("bc needs at least one demo file")
+            ("relabel_episodes", self.relabel_episodes >= 0, "≥ 0"),
+            ("relabel_rounds", self.relabel_rounds >= 1, "≥ 1"),
+            ("relabel_epochs", all(e >= 1 for e in self._epochs_per_round()), "≥ 1 (each)"),
+            ("relabel_epochs", not isinstance(self.relabel_epochs, tuple)
+             or len(self.relabel_epochs) == self.relabel_rounds,
+             f"one number, or a list of relabel_rounds = {self.relabel_rounds} numbers"),
+            ("relabel_seed", self.relabel_seed is None or 0 <= self.relabel_seed <= SEED_MAX,
+             f"from 0 to {SEED_MAX}"),
+        ], stage="bc")
+        check_choice("bc", "architecture", self.architecture, sorted(ARCHITECTURES))
+        check_choice("bc", "precision", self.precision, PRECISIONS)
+        check_choice("bc", "lr_schedule", self.lr_schedule, LR_SCHEDULES)
 
+    def _epochs_per_round(self) -> list[int]:
+        """relabel_epochs as one entry per round (empty when unset)."""
+        epochs = self.relabel_epochs
+        if epochs is None:
+            return []
+        return list(epochs) if isinstance(epochs, tuple) else [epochs] * self.relabel_rounds
 
-def bc_loss(
-    logits: torch.Tensor,
-    actions: torch.Tensor,
-    action_mask: torch.Tensor,
-    *,
-    label_smoothing: float = 0.0,
-    class_weights: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Cross-entropy of masked logits; smoothing spreads over the allowed actions only, and
-    class weights give a weighted mean (the weights of the batch's targets sum to one)."""
-    masked = logits.masked_fill(~action_mask, torch.finfo(logits.dtype).min)
-    log_probs = torch.log_softmax(masked, dim=-1)
-    target = F.one_hot(actions, logits.shape[-1]).to(log_probs.dtype)
-    if label_smoothing > 0:
-        allowed = action_mask.to(log_probs.dtype)
-        target = (1 - label_smoothing) * target + label_smoothing * allowed / allowed.sum()
-    per_sample = -(target * log_probs).where(action_mask, torch.zeros_like(log_probs)).sum(-1)
-    if class_weights is None:
-        return per_sample.mean()
-    weights = class_weights[actions]
-    return (weights * per_sample).sum() / weights.sum()
+    def epochs_after_round(self, round_: int) -> int:
+        """Epochs of the BC that follows relabelling round `round_` (from 1)."""
+        epochs = self._epochs_per_round()
+        return epochs[round_ - 1] if epochs else self.epochs
 
 
 def random_shift(x: torch.Tensor, pad: int, generator: torch.Generator) -> torch.Tensor:
@@ -161,19 +160,6 @@ def _lr_factor(schedule: str, step: int, total: int) -> float:
     if schedule == "linear":
         return 1.0 - progress
     return 1.0
-
-
-def open_demo_files(paths: tuple[str, ...] | list[str]) -> list[DemoFile]:
-    """Open demo files that share one env spec, or say which one differs."""
-    demos = [DemoFile(p) for p in paths]
-    for demo in demos[1:]:
-        if not demo.spec.same_frames_as(demos[0].spec) or \
-                demo.action_meanings != demos[0].action_meanings:
-            raise DemoFileError(
-                f"demo files {demos[0].path} and {demo.path} were recorded with different "
-                "env specs; merge only matching files"
-            )
-    return demos
 
 
 @torch.no_grad()
@@ -203,147 +189,213 @@ def evaluate_bc(model: PPOModel, dataset: DemoDataset, mask: torch.Tensor,
     }
 
 
-def train_bc(config: BCConfig) -> Path:
-    """Run behaviour cloning; returns the path of the saved bc.pt."""
-    demos = open_demo_files(config.demos)
-    spec: EnvSpec = demos[0].spec
-    meanings = demos[0].action_meanings
-    mask_np = demos[0].action_mask
-    device = resolve_device(config.device)
-    amp = autocast_dtype(config.precision, device)
-    precision_used = "bf16" if amp else "fp32"
-    run_dir = runs.prepare_run_dir(config.run_dir, spec.game)
-    torch.manual_seed(config.seed)
+def train_bc(config: BCConfig, demos: tuple[str, ...] | list[str], *,
+             run_dir: str | Path | None = None, init_from: str | Path | None = None,
+             device: str = "auto", progress: bool = True) -> Path:
+    """Clone the demonstrations in `demos` into bc.pt in `run_dir` (default data/runs/GAME),
+    from a fresh model or `init_from`'s weights; with `config.relabel_episodes`, then run
+    the relabelling rounds, each followed by a fresh BC on the demos and every relabelled
+    file so far. Returns the path of bc.pt."""
+    if not demos:
+        raise DemoFileError("bc needs at least one demo file")
+    files = [str(d) for d in demos]
+    path = _train_clone(config, files, run_dir, init_from, device, progress)
+    rounds = config.relabel_rounds if config.relabel_episodes else 0
+    for round_ in range(1, rounds + 1):
+        files.append(str(dagger.relabel_round(config, path, files, round_, device=device,
+                                              progress=progress)))
+        # A fresh model: continuing the first clone for 5 epochs gained about a third of
+        # what retraining did (benchmarks/bc_quality.py --relabel-episodes).
+        path = _train_clone(dataclasses.replace(config, epochs=config.epochs_after_round(round_)),
+                            files, path.parent, init_from, device, progress)
+    return path
 
+
+def _train_clone(config: BCConfig, files: list[str], run_dir: str | Path | None,
+                 init_from: str | Path | None, device_name: str, progress: bool) -> Path:
+    """One BC run on `files`: the best epoch by validation loss is saved as bc.pt."""
+    run = _BCRun(config, open_demo_files(files), run_dir, init_from, device_name, progress)
+    with MetricsLogger(run.run_dir, "bc") as log:
+        for epoch in range(1, config.epochs + 1):
+            record = run.epoch(epoch)
+            log.log(run.step, record)
+            if run.after_epoch(epoch, record, files):
+                break
+    after = run.model.value_head.state_dict()
+    assert all(torch.equal(run.value_head_before[k], after[k]) for k in after)
+    plot_bc_curves(run.history, run.run_dir / "bc_curves.png")
+    runs.remember_run(run.run_dir)
+    return run.path
+
+
+class _BCRun:
+    """The model, data and counters of one BC run."""
+
+    def __init__(self, config: BCConfig, demos: list[DemoFile], run_dir: str | Path | None,
+                 init_from: str | Path | None, device_name: str, progress: bool) -> None:
+        self.config, self.progress, self.init_from = config, progress, init_from
+        self.spec: EnvSpec = demos[0].spec
+        self.meanings = demos[0].action_meanings
+        self.mask_np = demos[0].action_mask
+        self.device = resolve_device(device_name)
+        self.amp = autocast_dtype(config.precision, self.device)
+        self.run_dir = runs.prepare_run_dir(run_dir, self.spec.game)
+        self.path = self.run_dir / runs.STAGE_FILES["bc"]
+        torch.manual_seed(config.seed)
+        self.train_set, self.val_set = _datasets(config, demos, self.mask_np)
+        self.parent = load_checkpoint(init_from) if init_from is not None else None
+        model = _initial_model(config, self.spec, self.meanings, self.parent, init_from)
+        model = model.to(self.device)
+        if self.device.type == "cpu":
+            # Channels-last convolutions train at least as fast as NCHW on the CPU
+            # (benchmarks/bc_throughput.py); checkpoints are written NCHW all the same.
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model
+        self.value_head_before = {k: v.clone() for k, v in model.value_head.state_dict().items()}
+        self.params = [*model.conv.parameters(), *model.fc.parameters(),
+                       *model.policy_head.parameters()]
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr,
+                                           weight_decay=config.weight_decay)
+        self.mask = torch.as_tensor(self.mask_np, device=self.device)
+        self.class_weights = _class_weights(self.train_set, len(self.meanings), self.device) \
+            if config.class_balance else None
+        self.loader = DataLoader(self.train_set, batch_size=None,
+                                 num_workers=config.num_workers, persistent_workers=False)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.total_steps = config.epochs * len(self.train_set)
+        self.best = {"loss": float("inf"), "epoch": 0}
+        self.stale = self.step = self.samples = 0
+        self.history: list[dict] = []
+        self._announce()
+
+    def _announce(self) -> None:
+        if not self.progress:
+            return
+        if self.val_set is None:
+            tqdm.write("note: no validation episodes (fewer than two episodes, or only "
+                       "forbidden actions in them); the last epoch is saved")
+        tqdm.write(f"bc on {self.device.type} in {'bf16 autocast' if self.amp else 'fp32'}: "
+                   f"{self.train_set.num_samples:,} training and "
+                   f"{self.val_set.num_samples if self.val_set else 0:,} validation samples")
+
+    def epoch(self, epoch: int) -> dict[str, float]:
+        """One pass over the training set; returns the epoch's metrics, validation included."""
+        config = self.config
+        self.model.train()
+        self.train_set.set_epoch(epoch)
+        loss_sum = hits = seen = 0.0
+        start = time.perf_counter()
+        bar = tqdm(self.loader, total=len(self.train_set), disable=not self.progress,
+                   desc=f"bc epoch {epoch}/{config.epochs}", unit="batch", leave=False)
+        for obs, actions in bar:
+            loss, logits, actions = self._step(obs, actions, epoch)
+            seen += len(actions)
+            loss_sum += float(loss.detach()) * len(actions)
+            hits += float((self.model.masked_logits(logits, self.mask).argmax(-1)
+                           == actions).sum())
+            bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{hits / seen:.3f}")
+        bar.close()
+        record = {"epoch": epoch, "bc/train_loss": loss_sum / seen,
+                  "bc/train_accuracy": hits / seen,
+                  "bc/lr": self.optimizer.param_groups[0]["lr"],
+                  "bc/samples_per_second": seen / (time.perf_counter() - start)}
+        if self.val_set is not None:
+            val = evaluate_bc(self.model, self.val_set, self.mask, self.device)
+            record |= {"bc/val_loss": val["loss"], "bc/val_accuracy": val["accuracy"]}
+            record |= {f"bc/val_accuracy/{m}": a
+                       for m, a in zip(self.meanings, val["per_action"], strict=True)}
+        return record
+
+    def _step(self, obs: torch.Tensor, actions: torch.Tensor, epoch: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimizer step on one batch; returns (loss, logits, actions) on the device."""
+        config = self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.lr * _lr_factor(config.lr_schedule, self.step, self.total_steps)
+        obs = random_shift(obs, config.augment_shift, self.generator).to(self.device)
+        actions = actions.to(self.device)
+        with _autocast(self.device, self.amp):
+            logits = self.model.get_logits(obs).float()
+        loss = bc_loss(logits, actions, self.mask, label_smoothing=config.label_smoothing,
+                       class_weights=self.class_weights)
+        check_finite(loss, "the BC loss", where=f"epoch {epoch}", outcome=self._outcome())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        # max_grad_norm 0 means no clipping: an infinite bound scales by 1 and still
+        # measures the norm, so a NaN or inf gradient never reaches the weights.
+        norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm or math.inf)
+        check_finite(norm, "a BC gradient", where=f"epoch {epoch}", outcome=self._outcome())
+        self.optimizer.step()
+        self.step += 1
+        self.samples += len(actions)
+        return loss, logits, actions
+
+    def _outcome(self) -> str:
+        kept = (f"epoch {self.best['epoch']}, the best so far, is kept in {self.path}"
+                if self.best["epoch"] else f"this run wrote nothing to {self.path}")
+        return f"training stopped ({kept}); try a lower --lr"
+
+    def after_epoch(self, epoch: int, record: dict[str, float], files: list[str]) -> bool:
+        """Save an improved epoch and report it; True when early stopping ends the run."""
+        self.history.append(record)
+        loss = record.get("bc/val_loss", record["bc/train_loss"])
+        improved = self.val_set is None or loss < self.best["loss"]
+        message = (f"epoch {epoch}: train loss {record['bc/train_loss']:.4f} acc "
+                   f"{record['bc/train_accuracy']:.3f}")
+        if self.val_set is not None:
+            message += (f" | val loss {record['bc/val_loss']:.4f} acc "
+                        f"{record['bc/val_accuracy']:.3f}")
+        if improved:
+            self.best = {"loss": loss, "epoch": epoch}
+            self.stale = 0
+            self._save(epoch, record, files)
+            message += "  (saved)"
+        else:
+            self.stale += 1
+        if self.progress:
+            tqdm.write(message)
+        if self.config.patience and self.stale >= self.config.patience:
+            if self.progress:
+                tqdm.write(f"early stop: no better validation loss for {self.stale} epochs")
+            return True
+        return False
+
+    def _save(self, epoch: int, record: dict, files: list[str]) -> None:
+        save_checkpoint(self.path, Checkpoint.from_model(
+            self.model, stage="bc", action_meanings=self.meanings,
+            action_mask=self.mask_np.tolist(), env_spec=self.spec.to_dict(),
+            steps={"epochs": epoch, "updates": self.step, "samples": self.samples},
+            config=dataclasses.asdict(self.config)
+            | {"precision_used": "bf16" if self.amp else "fp32"},
+            extra={"metrics": {k: float(v) for k, v in record.items()
+                               if isinstance(v, float) and math.isfinite(v)}},
+            parent=self.parent, inputs=files))
+
+
+def _datasets(config: BCConfig, demos: list[DemoFile], mask: np.ndarray
+              ) -> tuple[DemoDataset, DemoDataset | None]:
+    """The training set and the validation set (None when there is nothing to validate on:
+    a val loss of 0.0 on no samples would stop training)."""
     train_refs, val_refs = split_episodes(demos, config.val_fraction, config.seed)
     if not train_refs:
         raise DemoFileError("the demo files hold no episodes to train on")
-    common = dict(action_mask=mask_np, cache_bytes=config.cache_mb << 20,
+    common = dict(action_mask=mask, cache_bytes=config.cache_mb << 20,
                   block_size=config.block_size, shuffle_blocks=config.shuffle_blocks,
                   batch_size=config.batch_size)
     train_set = DemoDataset(demos, train_refs, shuffle=True, seed=config.seed, **common)
-    val_set = DemoDataset(demos, val_refs, shuffle=False, **common) if val_refs else None
     if train_set.num_samples == 0:
         raise DemoFileError("every demonstrated action is forbidden by the action mask")
+    val_set = DemoDataset(demos, val_refs, shuffle=False, **common) if val_refs else None
     if val_set is not None and val_set.num_samples == 0:
-        val_set = None  # only forbidden actions: a val loss of 0.0 would stop training
-        tqdm.write("note: the validation episodes hold only forbidden actions, so there is "
-                   "no validation; the last epoch is saved")
+        val_set = None
+    return train_set, val_set
 
-    model = _initial_model(config, spec, meanings).to(device)
-    if device.type == "cpu":
-        # Channels-last convolutions: NCHW ran at 0.83x of them with batch 128 in
-        # benchmarks/bc_throughput.py, and level (1.01x) with batch 64 in another run on the
-        # shared machine. The model lays its inputs out to match, and checkpoints are
-        # written in the default layout (checkpoint.plain_state_dict).
-        model = model.to(memory_format=torch.channels_last)
-    value_head_before = {k: v.clone() for k, v in model.value_head.state_dict().items()}
-    params = [*model.conv.parameters(), *model.fc.parameters(),
-              *model.policy_head.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    mask = torch.as_tensor(mask_np, device=device)
-    class_weights = None
-    if config.class_balance:
-        counts = torch.as_tensor(train_set.action_counts(len(meanings)), dtype=torch.float32)
-        class_weights = torch.where(counts > 0, counts.sum() / counts.clamp(min=1) /
-                                    (counts > 0).sum(), torch.zeros_like(counts)).to(device)
 
-    loader = DataLoader(train_set, batch_size=None, num_workers=config.num_workers,
-                        persistent_workers=False)
-    generator = torch.Generator().manual_seed(config.seed)
-    total_steps = config.epochs * len(train_set)
-    best = {"loss": float("inf"), "epoch": 0}
-    stale = 0
-    step = 0
-    samples = 0
-    history = []
-    path = run_dir / runs.STAGE_FILES["bc"]
-    if not val_refs:
-        tqdm.write("note: fewer than two episodes, so no validation split; the last epoch "
-                   "is saved")
-
-    if config.progress:
-        tqdm.write(f"bc on {device.type} in {precision_used}{' autocast' if amp else ''}: "
-                   f"{train_set.num_samples:,} training and "
-                   f"{val_set.num_samples if val_set else 0:,} validation samples")
-    with MetricsLogger(run_dir, "bc") as log:
-        for epoch in range(1, config.epochs + 1):
-            model.train()
-            train_set.set_epoch(epoch)
-            loss_sum = hits = seen = 0.0
-            start = time.perf_counter()
-            bar = tqdm(loader, total=len(train_set), disable=not config.progress,
-                       desc=f"bc epoch {epoch}/{config.epochs}", unit="batch", leave=False)
-            for obs, actions in bar:
-                for group in optimizer.param_groups:
-                    group["lr"] = config.lr * _lr_factor(config.lr_schedule, step, total_steps)
-                obs = random_shift(obs, config.augment_shift, generator).to(device)
-                actions = actions.to(device)
-                with _autocast(device, amp):
-                    logits = model.get_logits(obs).float()
-                loss = bc_loss(logits, actions, mask, label_smoothing=config.label_smoothing,
-                               class_weights=class_weights)
-                if not torch.isfinite(loss):
-                    raise _diverged(f"the BC loss became {float(loss.detach())}", epoch,
-                                    best["epoch"], path)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                # max_grad_norm 0 means no clipping: an infinite bound scales by 1 and
-                # still measures the norm, so a NaN or inf gradient never reaches the weights.
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm or math.inf)
-                if not torch.isfinite(grad_norm):
-                    raise _diverged(f"a BC gradient became {float(grad_norm)}", epoch,
-                                    best["epoch"], path)
-                optimizer.step()
-                step += 1
-                n = len(actions)
-                samples += n
-                seen += n
-                loss_sum += float(loss.detach()) * n
-                hits += float((model.masked_logits(logits, mask).argmax(-1) == actions).sum())
-                bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{hits / seen:.3f}")
-            bar.close()
-            elapsed = time.perf_counter() - start
-            record = {"epoch": epoch, "bc/train_loss": loss_sum / seen,
-                      "bc/train_accuracy": hits / seen,
-                      "bc/lr": optimizer.param_groups[0]["lr"],
-                      "bc/samples_per_second": seen / elapsed}
-            if val_set is not None:
-                val = evaluate_bc(model, val_set, mask, device)
-                record |= {"bc/val_loss": val["loss"], "bc/val_accuracy": val["accuracy"]}
-                record |= {f"bc/val_accuracy/{m}": a
-                           for m, a in zip(meanings, val["per_action"], strict=True)}
-                improved = val["loss"] < best["loss"]
-            else:
-                improved = True
-            log.log(step, record)
-            history.append(record)
-            message = (f"epoch {epoch}: train loss {record['bc/train_loss']:.4f} acc "
-                       f"{record['bc/train_accuracy']:.3f}")
-            if val_set is not None:
-                message += (f" | val loss {record['bc/val_loss']:.4f} acc "
-                            f"{record['bc/val_accuracy']:.3f}")
-            if improved:
-                best = {"loss": record.get("bc/val_loss", record["bc/train_loss"]),
-                        "epoch": epoch}
-                stale = 0
-                _save(path, model, spec, meanings, mask_np, config, epoch, step, samples,
-                      record, precision_used)
-                message += "  (saved)"
-            else:
-                stale += 1
-            if config.progress:
-                tqdm.write(message)
-            if config.patience and stale >= config.patience:
-                if config.progress:
-                    tqdm.write(f"early stop: no better validation loss for {stale} epochs")
-                break
-
-    after = model.value_head.state_dict()
-    assert all(torch.equal(value_head_before[k], after[k]) for k in after)
-    plot_bc_curves(history, run_dir / "bc_curves.png")
-    runs.remember_run(run_dir)
-    return path
+def _class_weights(train_set: DemoDataset, actions: int, device: torch.device) -> torch.Tensor:
+    """Inverse action frequencies, normalised over the actions that occur."""
+    counts = torch.as_tensor(train_set.action_counts(actions), dtype=torch.float32)
+    return torch.where(counts > 0, counts.sum() / counts.clamp(min=1) / (counts > 0).sum(),
+                       torch.zeros_like(counts)).to(device)
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -353,14 +405,10 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _diverged(what: str, epoch: int, best_epoch: int, path: Path) -> OakEmuError:
-    kept = (f"epoch {best_epoch}, the best so far, is kept in {path}"
-            if best_epoch else f"this run wrote nothing to {path}")
-    return OakEmuError(f"{what} at epoch {epoch}; training stopped ({kept}); try a lower --lr")
-
-
-def _initial_model(config: BCConfig, spec: EnvSpec, meanings: list[str]) -> PPOModel:
-    if config.checkpoint is None:
+def _initial_model(config: BCConfig, spec: EnvSpec, meanings: list[str],
+                   start: Checkpoint | None = None, path: str | Path | None = None) -> PPOModel:
+    """A fresh model with a re-initialised policy head, or `start`'s weights."""
+    if start is None:
         model = PPOModel(spec.observation_shape, len(meanings),
                          ARCHITECTURES[config.architecture])
         if config.head_gain:
@@ -371,29 +419,7 @@ def _initial_model(config: BCConfig, spec: EnvSpec, meanings: list[str]) -> PPOM
             torch.nn.init.orthogonal_(model.policy_head.weight, config.head_gain)
             torch.nn.init.zeros_(model.policy_head.bias)
         return model
-    checkpoint = load_checkpoint(config.checkpoint)
-    start_spec = EnvSpec.from_dict(checkpoint.env_spec)
-    if not start_spec.same_frames_as(spec) or checkpoint.action_meanings != meanings:
-        raise OakEmuError(
-            f"checkpoint {config.checkpoint} was made for {start_spec.env_id} with another env "
-            f"spec than the demo files ({spec.env_id}); use demos recorded with its spec"
-        )
-    return checkpoint.build_model()
-
-
-def _save(path: Path, model: PPOModel, spec: EnvSpec, meanings: list[str], mask: np.ndarray,
-          config: BCConfig, epoch: int, step: int, samples: int, record: dict,
-          precision: str) -> None:
-    checkpoint = Checkpoint.from_model(
-        model,
-        stage="bc",
-        action_meanings=meanings,
-        action_mask=mask.tolist(),
-        env_spec=spec.to_dict(),
-        steps={"epochs": epoch, "updates": step, "samples": samples},
-        config=dataclasses.asdict(config) | {"demos": list(config.demos),
-                                             "precision_used": precision},
-        extra={"metrics": {k: float(v) for k, v in record.items()
-                           if isinstance(v, float) and math.isfinite(v)}},
-    )
-    save_checkpoint(path, checkpoint)
+    require_same_env(f"checkpoint {path}", EnvSpec.from_dict(start.env_spec),
+                     start.action_meanings, "the demo files", spec, meanings,
+                     hint="use demos recorded with its spec", error=OakEmuError)
+    return start.build_model()

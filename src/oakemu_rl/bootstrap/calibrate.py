@@ -21,16 +21,17 @@ import torch
 from tqdm import tqdm
 
 from .. import runs
-from ..agents import SEED_MAX, resolve_device
 from ..checkpoint import Checkpoint, load_checkpoint, policy_differences, save_checkpoint
-from ..envs import EnvSpec
-from ..errors import ConfigError, DemoFileError, OakEmuError, check_options
-from ..finetune.advantages import discounted_returns, explained_variance, td_lambda
-from ..finetune.rollout import RolloutCollector
+from ..configs import check_choice, check_options
+from ..demos import open_demo_files
+from ..envs import EnvSpec, require_same_env
+from ..errors import DemoFileError, check_finite
 from ..metrics import MetricsLogger
 from ..model import PPOModel
 from ..plots import plot_value_scatter
-from .bc import open_demo_files
+from ..rl.returns import discounted_returns, explained_variance, gae
+from ..rl.rollout import Rollout, RolloutCollector
+from ..runtime import SEED_MAX, resolve_device
 
 TARGETS = ("td_lambda", "mc")
 
@@ -39,10 +40,6 @@ TARGETS = ("td_lambda", "mc")
 class CalibrateConfig:
     """Critic calibration settings; `oakemu bootstrap calibrate --help` shows them."""
 
-    run_dir: str | None = None
-    """Run directory holding bc.pt; calibrated.pt is written there (default: the last run)."""
-    checkpoint: str | None = None
-    """Calibrate this checkpoint instead of the run's bc.pt."""
     num_envs: int = 8
     """Emulators stepped together."""
     num_steps: int = 256
@@ -74,19 +71,13 @@ class CalibrateConfig:
     """Clip learning rewards to their sign (must match the PPO that follows)."""
     episodic_life: bool = True
     """A lost life ends the learning episode (must match the PPO that follows)."""
-    demos: tuple[str, ...] = ()
-    """Demo files whose own discounted returns are added as calibration data."""
     demo_ratio: float = 0.5
     """Demo samples per rollout sample in each iteration's data."""
     seed: int = 0
     """Seeds the emulators, sampling and minibatches."""
-    device: str = "auto"
-    """auto (CUDA when present), cpu or cuda."""
-    progress: bool = True
-    """Show a tqdm bar."""
 
     def __post_init__(self) -> None:
-        check_options("calibrate", self, [
+        check_options(self, [
             ("num_envs", self.num_envs >= 2, "≥ 2"), ("num_steps", self.num_steps >= 1, "≥ 1"),
             ("holdout_envs", 1 <= self.holdout_envs < self.num_envs,
              f"≥ 1 and below --num-envs ({self.num_envs})"),
@@ -99,9 +90,8 @@ class CalibrateConfig:
             ("demo_ratio", self.demo_ratio >= 0, "≥ 0"),
             ("target_explained_variance", self.target_explained_variance <= 1, "≤ 1"),
             ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
-        ])
-        if self.target not in TARGETS:
-            raise ConfigError(f"calibrate option target must be one of {TARGETS}")
+        ], stage="calibrate")
+        check_choice("calibrate", "target", self.target, TARGETS)
 
 
 def value_targets(rollout, config: CalibrateConfig) -> torch.Tensor:
@@ -109,7 +99,7 @@ def value_targets(rollout, config: CalibrateConfig) -> torch.Tensor:
     if config.target == "mc":
         return discounted_returns(rollout.rewards, rollout.terminations, rollout.truncations,
                                   rollout.next_values, config.gamma)
-    _, returns = td_lambda(rollout.rewards, rollout.values, rollout.next_values,
+    _, returns = gae(rollout.rewards, rollout.values, rollout.next_values,
                            rollout.terminations, rollout.truncations, config.gamma,
                            config.gae_lambda)
     return returns
@@ -120,12 +110,9 @@ def demo_returns(paths: tuple[str, ...], spec: EnvSpec, meanings: list[str],
     """(demo file, episode, discounted returns) of every demo episode, with the same reward
     clipping as the rollouts. A truncated episode's tail counts as ending there."""
     demos = open_demo_files(paths)
-    for demo in demos:
-        if not demo.spec.same_frames_as(spec) or demo.action_meanings != meanings:
-            raise DemoFileError(
-                f"demo file {demo.path} was recorded with a different env spec "
-                f"({demo.spec.env_id}) than the checkpoint ({spec.env_id})"
-            )
+    require_same_env(f"demo file {demos[0].path}", demos[0].spec, demos[0].action_meanings,
+                     "the checkpoint", spec, meanings, hint="pass demos recorded with its spec",
+                     error=DemoFileError)
     out = []
     for demo in demos:
         for i in range(len(demo.episodes)):
@@ -171,155 +158,186 @@ def linear_ceiling(features: torch.Tensor, targets: torch.Tensor,
     return explained_variance((held @ weights).float(), held_targets.float())
 
 
-def _check_policy_unchanged(before: dict[str, torch.Tensor], model: PPOModel) -> None:
-    changed = policy_differences(before, model.state_dict())
-    if changed:
-        raise RuntimeError(f"calibration changed {changed[0]}; the policy must stay as BC "
-                           "left it")
-
-
-def calibrate(config: CalibrateConfig) -> Path:
-    """Run critic calibration; returns the path of calibrated.pt."""
-    if config.checkpoint is not None:
-        source = Path(config.checkpoint)
-        run_dir = runs.prepare_run_dir(config.run_dir or source.parent, "")
-    else:
-        run_dir = runs.find_run_dir(config.run_dir, needs="bc")
-        source = runs.stage_input(run_dir, "bc")
-    checkpoint = load_checkpoint(source)
-    spec = dataclasses.replace(EnvSpec.from_dict(checkpoint.env_spec),
+def calibrate(config: CalibrateConfig, *, run_dir: str | Path | None = None,
+              checkpoint: str | Path | None = None, demos: tuple[str, ...] = (),
+              device: str = "auto", progress: bool = True) -> Path:
+    """Fit the value head of `checkpoint` (default: the run directory's bc.pt) on its
+    policy's returns, with `demos`' own returns as extra data; returns calibrated.pt."""
+    source, run_dir = _source(run_dir, checkpoint)
+    start = load_checkpoint(source)
+    spec = dataclasses.replace(EnvSpec.from_dict(start.env_spec),
                                reward_clipping=config.reward_clipping,
                                episodic_life=config.episodic_life)
-    device = resolve_device(config.device)
     torch.manual_seed(config.seed)
-    rng = np.random.default_rng(config.seed)
-    model = checkpoint.build_model(device)
-    before = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    for name, parameter in model.named_parameters():
-        parameter.requires_grad_(name.startswith("value_head."))
-    optimizer = torch.optim.Adam(model.value_head.parameters(), lr=config.lr)
-    mask = checkpoint.action_mask_tensor()
-    demo_episodes = (demo_returns(config.demos, spec, checkpoint.action_meanings, config)
-                     if config.demos else [])
-
-    collector = RolloutCollector(spec, model, mask, num_envs=config.num_envs,
-                                 num_steps=config.num_steps, device=device, seed=config.seed,
+    fit = _ValueFit(config, start.build_model(resolve_device(device)), start.action_mask_tensor(),
+                    demo_returns(demos, spec, start.action_meanings, config) if demos else [])
+    collector = RolloutCollector(spec, fit.model, fit.mask, num_envs=config.num_envs,
+                                 num_steps=config.num_steps, device=fit.device, seed=config.seed,
                                  greedy=config.greedy)
-    fit_envs = config.num_envs - config.holdout_envs
-    path = run_dir / runs.STAGE_FILES["calibrate"]
-    best: dict = {"ev": -math.inf}
-    held_window: deque = deque(maxlen=config.holdout_window)
-    fit_window: deque = deque(maxlen=config.holdout_window)
-    history: list[float] = []
     start_time = time.perf_counter()
-    bar = tqdm(range(1, config.iterations + 1), disable=not config.progress,
-               desc="calibrate", unit="iter")
+    bar = tqdm(range(1, config.iterations + 1), disable=not progress, desc="calibrate",
+               unit="iter")
     try:
         with MetricsLogger(run_dir, "calibrate") as log:
             for iteration in bar:
-                rollout = collector.collect()
-                targets = value_targets(rollout, config)
-                obs = rollout.obs[:, :fit_envs].reshape(-1, *rollout.obs.shape[2:])
-                fit_targets = targets[:, :fit_envs].reshape(-1)
-                held_obs = rollout.obs[:, fit_envs:].reshape(-1, *rollout.obs.shape[2:])
-                with torch.no_grad():  # the trunk is frozen: its features never go stale
-                    held_window.append((model._features(held_obs),
-                                        targets[:, fit_envs:].reshape(-1)))
-                    fit_window.append((model._features(obs).cpu(), fit_targets.cpu()))
-                held_features = torch.cat([f for f, _ in held_window])
-                held_targets = torch.cat([t for _, t in held_window]).cpu()
-                if iteration == 1:
-                    with torch.no_grad():
-                        initial = explained_variance(
-                            model.value_head(held_features)[:, 0].cpu(), held_targets)
-                demo_count = int(len(fit_targets) * config.demo_ratio)
-                if demo_episodes and demo_count > 0:
-                    demo_obs, demo_t = _sample_demo_states(demo_episodes, demo_count, rng)
-                    obs = torch.cat([obs, demo_obs.to(device)])
-                    fit_targets = torch.cat([fit_targets, demo_t.to(device)])
-                fit_start = time.perf_counter()
-                losses = []
-                for _ in range(config.epochs):
-                    order = torch.from_numpy(rng.permutation(len(fit_targets))).to(device)
-                    for b in range(0, len(order), config.minibatch_size):
-                        idx = order[b:b + config.minibatch_size]
-                        predicted = model.get_value(obs[idx], detach_features=True)
-                        loss = 0.5 * (predicted - fit_targets[idx]).pow(2).mean()
-                        if not torch.isfinite(loss):
-                            raise OakEmuError(
-                                f"the value loss became {float(loss.detach())} at iteration "
-                                f"{iteration}; calibration stopped (nothing was overwritten)"
-                            )
-                        optimizer.zero_grad(set_to_none=True)
-                        loss.backward()
-                        if not all(bool(torch.isfinite(p.grad).all())
-                                   for p in model.value_head.parameters() if p.grad is not None):
-                            raise OakEmuError(
-                                f"a value-head gradient became non-finite at iteration "
-                                f"{iteration}; calibration stopped (nothing was overwritten)"
-                            )
-                        optimizer.step()
-                        losses.append(float(loss.detach()))
-                collector.timings.learn += time.perf_counter() - fit_start
-                with torch.no_grad():
-                    held_pred = model.value_head(held_features)[:, 0].cpu()
-                ev = explained_variance(held_pred, held_targets)
-                history.append(ev)
-                log.log(collector.global_step, {
-                    "calibrate/iteration": iteration,
-                    "calibrate/value_loss": float(np.mean(losses)),
-                    "losses/explained_variance": ev,
-                    "calibrate/target_mean": float(held_targets.mean()),
-                    "calibrate/target_std": float(held_targets.std()),
-                    "charts/episodic_return": float(np.mean(collector.stats.returns))
-                    if collector.stats.returns else None,
-                })
-                bar.set_postfix(ev=f"{ev:.3f}", loss=f"{np.mean(losses):.4f}")
-                if not math.isnan(ev) and ev > best["ev"]:
-                    best = {"ev": ev, "iteration": iteration,
-                            "state": {k: v.detach().cpu().clone()
-                                      for k, v in model.value_head.state_dict().items()},
-                            "pred": held_pred.numpy(), "target": held_targets.numpy()}
+                ev = fit.iteration(collector, iteration, log)
+                bar.set_postfix(ev=f"{ev:.3f}", loss=f"{fit.last_loss:.4f}")
                 if not math.isnan(ev) and ev >= config.target_explained_variance:
                     break
     finally:
         bar.close()
         collector.close()
-
-    if "state" in best:
-        model.value_head.load_state_dict(best["state"])
-    _check_policy_unchanged(before, model)
-    ceiling = linear_ceiling(torch.cat([f for f, _ in fit_window]),
-                             torch.cat([t for _, t in fit_window]),
-                             held_features.cpu(), held_targets)
-    wall = time.perf_counter() - start_time
-    result = Checkpoint.from_model(
-        model,
-        stage="calibrate",
-        action_meanings=checkpoint.action_meanings,
-        action_mask=checkpoint.action_mask,
-        env_spec=checkpoint.env_spec,
-        steps=checkpoint.steps | {"calibrate_env_steps": collector.global_step,
-                                  "calibrate_iterations": len(history)},
-        config=dataclasses.asdict(config) | {"demos": list(config.demos),
-                                             "source": str(source)},
-        extra={"bc": checkpoint.extra, "calibration": {
-            "explained_variance": float(best["ev"]) if "state" in best else float("nan"),
-            "initial_explained_variance": float(initial),
-            "best_iteration": int(best.get("iteration", 0)),
-            "linear_ceiling_explained_variance": float(ceiling),
-            "wall_seconds": float(wall),
-            "history": [float(h) for h in history],
-        }},
-    )
-    save_checkpoint(path, result)
-    if "state" in best:
-        plot_value_scatter(best["pred"], best["target"], best["ev"],
+    summary = fit.finish(time.perf_counter() - start_time)
+    path = run_dir / runs.STAGE_FILES["calibrate"]
+    save_checkpoint(path, Checkpoint.from_model(
+        fit.model, stage="calibrate", action_meanings=start.action_meanings,
+        action_mask=start.action_mask, env_spec=start.env_spec,
+        steps={"env_steps": collector.global_step, "iterations": len(fit.history)},
+        config=dataclasses.asdict(config), extra={"bc": start.extra, "calibration": summary},
+        parent=start, inputs=[source, *demos]))
+    if fit.best_plot is not None:
+        plot_value_scatter(*fit.best_plot, summary["explained_variance"],
                            run_dir / "calibration_scatter.png")
     runs.remember_run(run_dir)
-    if config.progress:
-        tqdm.write(f"explained variance {initial:.3f} -> {best.get('ev', float('nan')):.3f} "
-                   f"(held-out, best of {len(history)} iterations) in {wall:.0f}s; "
-                   f"a least-squares value head on the same features reaches {ceiling:.3f}; "
-                   f"wrote {path}")
+    if progress:
+        tqdm.write(f"explained variance {summary['initial_explained_variance']:.3f} -> "
+                   f"{summary['explained_variance']:.3f} (held-out, best of "
+                   f"{len(fit.history)} iterations) in {summary['wall_seconds']:.0f}s; a "
+                   "least-squares value head on the same features reaches "
+                   f"{summary['linear_ceiling_explained_variance']:.3f}; wrote {path}")
     return path
+
+
+def _source(run_dir: str | Path | None, checkpoint: str | Path | None) -> tuple[Path, Path]:
+    if checkpoint is not None:
+        source = Path(checkpoint)
+        return source, runs.prepare_run_dir(run_dir or source.parent, "")
+    found = runs.find_run_dir(run_dir, needs="bc")
+    return runs.stage_input(found, "bc"), found
+
+
+class _ValueFit:
+    """The value head, its optimizer, and the windows of frozen features it is judged on.
+
+    The trunk is frozen, so features computed once stay valid: the fit reads them, and the
+    held-out envs' last `holdout_window` rollouts measure explained variance."""
+
+    def __init__(self, config: CalibrateConfig, model: PPOModel, mask: torch.Tensor,
+                 demo_episodes: list) -> None:
+        self.config, self.model, self.mask = config, model, mask
+        self.device = next(model.parameters()).device
+        self.before = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(name.startswith("value_head."))
+        self.optimizer = torch.optim.Adam(model.value_head.parameters(), lr=config.lr)
+        self.demo_episodes = demo_episodes
+        self.rng = np.random.default_rng(config.seed)
+        self.held: deque = deque(maxlen=config.holdout_window)
+        self.fitted: deque = deque(maxlen=config.holdout_window)
+        self.history: list[float] = []
+        self.best: dict = {"ev": -math.inf}
+        self.initial = math.nan
+        self.last_loss = math.nan
+        self.best_plot: tuple[np.ndarray, np.ndarray] | None = None
+
+    def iteration(self, collector: RolloutCollector, iteration: int, log: MetricsLogger
+                  ) -> float:
+        """One rollout, its fit, and the held-out explained variance after it."""
+        rollout = collector.collect()
+        obs, targets = self._windows(rollout)
+        if iteration == 1:
+            self.initial = self._held_out_ev()[0]
+        obs, targets = self._with_demos(obs, targets)
+        fit_start = time.perf_counter()
+        self.last_loss = self._fit(obs, targets, iteration)
+        collector.timings.learn += time.perf_counter() - fit_start
+        ev, predicted, held_targets = self._held_out_ev()
+        self.history.append(ev)
+        log.log(collector.global_step, {
+            "calibrate/iteration": iteration,
+            "calibrate/value_loss": self.last_loss,
+            "losses/explained_variance": ev,
+            "calibrate/target_mean": float(held_targets.mean()),
+            "calibrate/target_std": float(held_targets.std()),
+            "charts/episodic_return": float(np.mean(collector.stats.returns))
+            if collector.stats.returns else None,
+        })
+        if not math.isnan(ev) and ev > self.best["ev"]:
+            self.best = {"ev": ev, "iteration": iteration,
+                         "state": {k: v.detach().cpu().clone()
+                                   for k, v in self.model.value_head.state_dict().items()}}
+            self.best_plot = (predicted.numpy(), held_targets.numpy())
+        return ev
+
+    def _windows(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fitting envs' observations and targets; both halves' features are kept."""
+        fit_envs = self.config.num_envs - self.config.holdout_envs
+        targets = value_targets(rollout, self.config)
+        obs = rollout.obs[:, :fit_envs].reshape(-1, *rollout.obs.shape[2:])
+        fit_targets = targets[:, :fit_envs].reshape(-1)
+        held_obs = rollout.obs[:, fit_envs:].reshape(-1, *rollout.obs.shape[2:])
+        with torch.no_grad():
+            self.held.append((self.model.features(held_obs), targets[:, fit_envs:].reshape(-1)))
+            self.fitted.append((self.model.features(obs).cpu(), fit_targets.cpu()))
+        return obs, fit_targets
+
+    def _with_demos(self, obs: torch.Tensor, targets: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        count = int(len(targets) * self.config.demo_ratio)
+        if not self.demo_episodes or count == 0:
+            return obs, targets
+        demo_obs, demo_targets = _sample_demo_states(self.demo_episodes, count, self.rng)
+        return (torch.cat([obs, demo_obs.to(self.device)]),
+                torch.cat([targets, demo_targets.to(self.device)]))
+
+    def _fit(self, obs: torch.Tensor, targets: torch.Tensor, iteration: int) -> float:
+        """Epochs of value-head steps; returns the mean loss."""
+        losses = []
+        outcome = "calibration stopped (nothing was overwritten)"
+        for _ in range(self.config.epochs):
+            order = torch.from_numpy(self.rng.permutation(len(targets))).to(self.device)
+            for b in range(0, len(order), self.config.minibatch_size):
+                idx = order[b:b + self.config.minibatch_size]
+                predicted = self.model.get_value(obs[idx], detach_features=True)
+                loss = 0.5 * (predicted - targets[idx]).pow(2).mean()
+                check_finite(loss, "the value loss", where=f"iteration {iteration}",
+                             outcome=outcome)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                norm = torch.nn.utils.clip_grad_norm_(self.model.value_head.parameters(),
+                                                      math.inf)
+                check_finite(norm, "a value-head gradient", where=f"iteration {iteration}",
+                             outcome=outcome)
+                self.optimizer.step()
+                losses.append(float(loss.detach()))
+        return float(np.mean(losses))
+
+    def _held_out_ev(self) -> tuple[float, torch.Tensor, torch.Tensor]:
+        features = torch.cat([f for f, _ in self.held])
+        targets = torch.cat([t for _, t in self.held]).cpu()
+        with torch.no_grad():
+            predicted = self.model.value_head(features)[:, 0].cpu()
+        return explained_variance(predicted, targets), predicted, targets
+
+    def finish(self, wall: float) -> dict:
+        """Restore the best head, check the policy is BC's, and summarise the fit."""
+        if "state" in self.best:
+            self.model.value_head.load_state_dict(self.best["state"])
+        changed = policy_differences(self.before, self.model.state_dict())
+        if changed:
+            raise RuntimeError(f"calibration changed {changed[0]}; the policy must stay as BC "
+                               "left it")
+        held_features = torch.cat([f for f, _ in self.held]).cpu()
+        held_targets = torch.cat([t for _, t in self.held]).cpu()
+        ceiling = linear_ceiling(torch.cat([f for f, _ in self.fitted]),
+                                 torch.cat([t for _, t in self.fitted]),
+                                 held_features, held_targets)
+        return {
+            "explained_variance": float(self.best["ev"]) if "state" in self.best
+            else float("nan"),
+            "initial_explained_variance": float(self.initial),
+            "best_iteration": int(self.best.get("iteration", 0)),
+            "linear_ceiling_explained_variance": float(ceiling),
+            "wall_seconds": float(wall),
+            "history": [float(h) for h in self.history],
+        }

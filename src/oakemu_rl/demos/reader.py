@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..envs.spec import EnvSpec
+from ..envs.spec import EnvSpec, actions_agree, require_same_env
 from ..errors import DemoFileError, EnvError
 from . import schema
 
@@ -110,15 +111,7 @@ class DemoFile:
             raise self._fail(f"has an unusable env_spec attribute: {error}") from None
         meanings = json.loads(_attr_text(attrs, "action_meanings"))
         mask = json.loads(_attr_text(attrs, "action_mask"))
-        if (
-            not isinstance(meanings, list)
-            or not all(isinstance(m, str) for m in meanings)
-            or not isinstance(mask, list)
-            or not all(isinstance(m, bool) for m in mask)
-            or len(mask) != len(meanings)
-            or not meanings
-            or not any(mask)
-        ):
+        if not actions_agree(meanings, mask):
             raise self._fail("has action_meanings and action_mask attributes that disagree")
         forbidden = set(self.spec.forbidden_actions)
         if not forbidden <= set(meanings) or [m not in forbidden for m in meanings] != mask:
@@ -326,3 +319,13 @@ def validate_demo_file(path: str | os.PathLike[str]) -> DemoFile:
             raise
         raise DemoFileError(f"demo file {demo.path} is damaged: {_short(error)}") from None
     return demo
+
+
+def open_demo_files(paths: Sequence[str | os.PathLike[str]]) -> list[DemoFile]:
+    """Open demo files that share one env spec, or say which one differs."""
+    demos = [DemoFile(p) for p in paths]
+    for demo in demos[1:]:
+        require_same_env(f"demo files {demos[0].path}", demos[0].spec, demos[0].action_meanings,
+                         str(demo.path), demo.spec, demo.action_meanings,
+                         hint="merge only matching files", error=DemoFileError)
+    return demos

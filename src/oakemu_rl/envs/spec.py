@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, get_type_hints
 
-from ..errors import EnvError
+from ..configs import check_options, coerce
+from ..errors import ConfigError, EnvError
 
 BACKENDS = ("ale",)
 
@@ -58,17 +60,16 @@ class EnvSpec:
             raise EnvError(f"unknown emulator backend {self.backend!r}; known: {BACKENDS}")
         # Upper bounds too: a spec read from a file must not make one step or one reset
         # run for hours, and ALE takes 32-bit frame counts.
-        checks = [
-            ("frame_skip", 1 <= self.frame_skip <= 64),
-            ("screen_size", 8 <= self.screen_size <= 512),
-            ("frame_stack", 1 <= self.frame_stack <= 32),
-            ("noop_max", 0 <= self.noop_max <= 10_000),
-            ("repeat_action_probability", 0.0 <= self.repeat_action_probability < 1.0),
-            ("max_episode_frames", 1 <= self.max_episode_frames <= 2**31 - 1),
-        ]
-        for name, ok in checks:
-            if not ok:
-                raise EnvError(f"env spec value {name}={getattr(self, name)!r} is out of range")
+        check_options(self, [
+            ("frame_skip", 1 <= self.frame_skip <= 64, "from 1 to 64"),
+            ("screen_size", 8 <= self.screen_size <= 512, "from 8 to 512"),
+            ("frame_stack", 1 <= self.frame_stack <= 32, "from 1 to 32"),
+            ("noop_max", 0 <= self.noop_max <= 10_000, "from 0 to 10000"),
+            ("repeat_action_probability", 0.0 <= self.repeat_action_probability < 1.0,
+             "in [0, 1)"),
+            ("max_episode_frames", 1 <= self.max_episode_frames <= 2**31 - 1,
+             "from 1 to 2**31 - 1"),
+        ], section="env", error=EnvError)
         if not self.grayscale:
             raise EnvError("env spec grayscale=false is not supported yet; use grayscale frames")
 
@@ -107,31 +108,12 @@ class EnvSpec:
         unknown = sorted(set(data) - set(known))
         if unknown:
             raise EnvError(f"unknown env spec keys: {', '.join(unknown)}")
-        clean: dict[str, Any] = {}
-        for name, value in data.items():
-            default = getattr(cls, name, None)
-            if name == "forbidden_actions":
-                if not isinstance(value, (list, tuple)) or not all(
-                    isinstance(v, str) for v in value
-                ):
-                    raise EnvError("env spec forbidden_actions must be a list of action names")
-                clean[name] = tuple(value)
-            elif isinstance(default, bool):
-                if not isinstance(value, bool):
-                    raise EnvError(f"env spec {name} must be true or false, got {value!r}")
-                clean[name] = value
-            elif isinstance(default, int):
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise EnvError(f"env spec {name} must be an integer, got {value!r}")
-                clean[name] = value
-            elif isinstance(default, float):
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise EnvError(f"env spec {name} must be a number, got {value!r}")
-                clean[name] = float(value)
-            else:
-                if not isinstance(value, str):
-                    raise EnvError(f"env spec {name} must be a string, got {value!r}")
-                clean[name] = value
+        hints = get_type_hints(cls)
+        try:
+            clean = {name: coerce(f"env spec {name}", hints[name], value)
+                     for name, value in data.items()}
+        except ConfigError as error:
+            raise EnvError(str(error)) from None
         return cls(**clean)
 
     @classmethod
@@ -146,6 +128,35 @@ class EnvSpec:
         """True when both specs give the same observations and actions (the training-only
         switches may differ: they change rewards and episode ends, not frames)."""
         return self.for_evaluation() == other.for_evaluation()
+
+    def frame_differences(self, other: EnvSpec) -> list[str]:
+        """`key a vs b` for each setting in which the two specs' frames differ."""
+        mine, theirs = self.for_evaluation().to_dict(), other.for_evaluation().to_dict()
+        return [f"{k} {mine[k]!r} vs {theirs[k]!r}" for k in mine if mine[k] != theirs.get(k)]
+
+
+def actions_agree(meanings: Any, mask: Any) -> bool:
+    """Whether stored action meanings and mask describe one action set: a non-empty list of
+    names, one bool per name, at least one action allowed (checkpoints, demo files and
+    exports all store the pair)."""
+    return (isinstance(meanings, list) and isinstance(mask, list) and bool(meanings)
+            and len(meanings) == len(mask) and all(isinstance(m, str) for m in meanings)
+            and all(isinstance(m, bool) for m in mask) and any(mask))
+
+
+def require_same_env(first: str, first_spec: EnvSpec, first_meanings: Sequence[str],
+                     second: str, second_spec: EnvSpec, second_meanings: Sequence[str], *,
+                     hint: str, error: type[EnvError] | type[Exception] = EnvError) -> None:
+    """Refuse, in one line that names both and what differs, two things (demo files,
+    checkpoints, exports) whose frames or actions differ: a policy trained on one would
+    see or do something else on the other."""
+    differences = first_spec.frame_differences(second_spec)
+    if list(first_meanings) != list(second_meanings):
+        differences.append("actions " + ", ".join(first_meanings) + " vs "
+                           + ", ".join(second_meanings))
+    if differences:
+        raise error(f"{first} and {second} were made with different env specs "
+                    f"({'; '.join(differences)}); {hint}")
 
 
 def _snake(name: str) -> str:

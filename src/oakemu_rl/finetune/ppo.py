@@ -4,9 +4,9 @@ A readable loop in the usual Atari-PPO shape (rollout → GAE → epochs of mini
 clipped-surrogate updates), with three guards against the known failure of PPO from a
 BC policy — the first updates, driven by an untrained critic, wreck the imprint:
 
-- **critic-first warm-up**: for `warmup_updates` updates the trunk and policy have
-  learning rate 0 (only the value head learns), then their rate ramps up over
-  `warmup_ramp_updates`;
+- **critic-first warm-up**: for `warmup_updates` updates the trunk and policy are frozen
+  (no gradients, no optimizer state, outside the gradient-norm clip: only the value head
+  learns), then their learning rate ramps up over `warmup_ramp_updates`;
 - **KL anchor**: a penalty `kl_coef × decay^update × KL(π_bootstrap ‖ π)` toward the frozen
   starting policy;
 - **BC loss** on demo batches mixed into the loss with an annealed weight (optional).
@@ -22,20 +22,33 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from .. import runs
-from ..agents import SEED_MAX, resolve_device
-from ..checkpoint import Checkpoint, load_checkpoint, plain_state_dict, save_checkpoint
-from ..envs import EnvSpec
-from ..errors import ConfigError, OakEmuError, check_options
+from ..agents import greedy_agent
+from ..agents.play import EvalConfig, play_games
+from ..checkpoint import (
+    Checkpoint,
+    lineage_inputs,
+    load_checkpoint,
+    plain_state_dict,
+    save_checkpoint,
+)
+from ..configs import check_options
+from ..demos import open_demo_files
+from ..demos.dataset import DemoDataset, split_episodes
+from ..envs import EnvSpec, require_same_env
+from ..errors import ConfigError, OakEmuError, check_finite
 from ..metrics import MetricsLogger
 from ..model import PPOModel
-from .advantages import explained_variance, td_lambda
-from .rollout import RolloutCollector
+from ..rl.losses import PPOBatch, PPOCoefficients, bc_loss, ppo_loss
+from ..rl.returns import explained_variance, gae
+from ..rl.rollout import Rollout, RolloutCollector
+from ..runtime import SEED_MAX, resolve_device, torch_threads
 
 LAST = "ppo_last.pt"
 
@@ -49,15 +62,9 @@ RESUME_KEYS = ("total_steps", "num_envs", "num_steps", "lr", "anneal_lr", "warmu
 class PPOConfig:
     """PPO settings; defaults follow the standard Atari recipe."""
 
-    run_dir: str | None = None
-    """Run directory holding calibrated.pt; ppo.pt is written there (default: the last run)."""
-    checkpoint: str | None = None
-    """Start from this checkpoint (any stage) instead of the run's calibrated.pt."""
     from_scratch: bool = False
     """Start from a fresh model with the starting checkpoint's env spec (for comparison);
     the warm-start guards (warm-up, KL anchor, BC loss) are then off."""
-    resume: bool = False
-    """Continue from the run's ppo_last.pt: same global step, optimizer state, schedules."""
     total_steps: int = 200_000
     """Agent steps (over all envs) to train for."""
     num_envs: int = 8
@@ -95,7 +102,7 @@ class PPOConfig:
     episodic_life: bool = True
     """A lost life ends the learning episode (the game goes on)."""
     warmup_updates: int = 10
-    """Critic-first warm-up: updates with the trunk and policy frozen (learning rate 0)."""
+    """Critic-first warm-up: updates in which only the value head learns."""
     warmup_ramp_updates: int = 10
     """Updates over which the trunk and policy learning rate ramps from 0 to full."""
     kl_coef: float = 0.2
@@ -106,8 +113,6 @@ class PPOConfig:
     """Weight of a BC loss on demo batches at update 1 (0 turns it off)."""
     bc_decay: float = 0.99
     """Per-update decay of the BC weight."""
-    bc_demos: tuple[str, ...] = ()
-    """Demo files for the BC loss (default: the demos bc.pt was trained on)."""
     bc_batch_size: int = 64
     """Demo samples per minibatch for the BC loss."""
     eval_every: int = 0
@@ -121,20 +126,14 @@ class PPOConfig:
     """Write ppo_last.pt every this many updates."""
     seed: int = 0
     """Seeds the emulators, the sampling and the minibatches."""
-    device: str = "auto"
-    """auto (CUDA when present), cpu or cuda."""
-    # Default by measurement (benchmarks/ppo_throughput.py, Nature CNN, 8 envs, 2-core CPU
-    # shared with other jobs): under load (load average 4-5) two threads ran ~6x slower
-    # than one (36 vs 201 SPS): the second OpenMP thread waits at every barrier for a core
-    # that the emulator threads and other processes hold. On the idle machine two threads
-    # are 1.67x faster (681 vs 407 SPS): pass --threads 2 (or 0) on a machine of your own.
+    # One thread by default: on a 2-core machine shared with other work a second OpenMP
+    # thread waits at every barrier for a core the emulators hold; on a machine of your
+    # own two are faster (docs/results.md, "PPO torch threads").
     threads: int = 1
     """Torch CPU threads while training (0: leave torch's default)."""
-    progress: bool = True
-    """Show a tqdm bar with SPS and recent return."""
 
     def __post_init__(self) -> None:
-        check_options("ppo", self, [
+        check_options(self, [
             ("total_steps", self.total_steps >= 1, "≥ 1"),
             ("num_envs", self.num_envs >= 1, "≥ 1"), ("num_steps", self.num_steps >= 1, "≥ 1"),
             ("lr", self.lr > 0, "> 0"), ("gamma", 0 < self.gamma <= 1, "in (0, 1]"),
@@ -159,7 +158,7 @@ class PPOConfig:
             ("checkpoint_every", self.checkpoint_every >= 1, "≥ 1"),
             ("threads", self.threads >= 0, "≥ 0"),
             ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
-        ])
+        ], stage="ppo")
 
     @property
     def batch_size(self) -> int:
@@ -168,6 +167,12 @@ class PPOConfig:
     @property
     def num_updates(self) -> int:
         return max(1, self.total_steps // self.batch_size)
+
+    @property
+    def coefficients(self) -> PPOCoefficients:
+        return PPOCoefficients(clip_coef=self.clip_coef, ent_coef=self.ent_coef,
+                               vf_coef=self.vf_coef, clip_vloss=self.clip_vloss,
+                               norm_adv=self.norm_adv)
 
 
 # -- schedules (pure) --------------------------------------------------------------------
@@ -197,36 +202,6 @@ def bc_weight(config: PPOConfig, update: int) -> float:
     return config.bc_coef * config.bc_decay ** (update - 1)
 
 
-# -- loss pieces (pure) --------------------------------------------------------------------
-
-
-def policy_loss(advantages: torch.Tensor, ratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
-    """Clipped surrogate objective, as a loss to minimise."""
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
-    return torch.max(unclipped, clipped).mean()
-
-
-def value_loss(new_values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               clip_coef: float, clip: bool) -> torch.Tensor:
-    """0.5 × squared error, optionally clipped around the rollout's values."""
-    unclipped = (new_values - returns).pow(2)
-    if not clip:
-        return 0.5 * unclipped.mean()
-    clipped_values = old_values + torch.clamp(new_values - old_values, -clip_coef, clip_coef)
-    clipped = (clipped_values - returns).pow(2)
-    return 0.5 * torch.max(unclipped, clipped).mean()
-
-
-def masked_kl(ref_logits: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean KL(softmax(ref) ‖ softmax(logits)) over the allowed actions."""
-    low = torch.finfo(logits.dtype).min
-    ref_logp = torch.log_softmax(ref_logits.masked_fill(~mask, low), -1)
-    logp = torch.log_softmax(logits.masked_fill(~mask, low), -1)
-    terms = ref_logp.exp() * (ref_logp - logp)
-    return terms.where(mask, torch.zeros_like(terms)).sum(-1).mean()
-
-
 def _mean(values: list) -> float | None:
     """Mean of floats or of 0-d tensors (read out in one go); None when there are none."""
     if not values:
@@ -239,317 +214,311 @@ def _mean(values: list) -> float | None:
 # -- the stage -----------------------------------------------------------------------------
 
 
-def _starting_checkpoint(config: PPOConfig) -> tuple[Path, Checkpoint, Path]:
-    if config.checkpoint is not None:
-        source = Path(config.checkpoint)
-        checkpoint = load_checkpoint(source)
-        run_dir = runs.prepare_run_dir(config.run_dir or source.parent, "")
-        return source, checkpoint, run_dir
-    run_dir = runs.find_run_dir(config.run_dir, needs="calibrate")
-    source = runs.stage_input(run_dir, "calibrate")
-    return source, load_checkpoint(source), run_dir
+def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
+                 checkpoint: str | Path | None = None, resume: bool = False,
+                 bc_demos: tuple[str, ...] = (), device: str = "auto",
+                 progress: bool = True) -> Path:
+    """Run PPO from `checkpoint` (default: the run directory's calibrated.pt) and return
+    the path of ppo.pt. `resume` continues the run directory's ppo_last.pt; `bc_demos`
+    feed the BC loss (default: the demo files the starting policy was cloned from)."""
+    with torch_threads(config.threads):
+        if config.from_scratch:  # nothing to protect: plain PPO
+            config = dataclasses.replace(config, warmup_updates=0, warmup_ramp_updates=0,
+                                         kl_coef=0.0, bc_coef=0.0)
+        source, start, run_dir = _starting_checkpoint(run_dir, checkpoint)
+        trainer = _Trainer(config, start, run_dir, resolve_device(device), progress)
+        trainer.inputs = [source]
+        if resume:
+            trainer.resume()
+        if config.bc_coef > 0:
+            demos = bc_demos or tuple(lineage_inputs(start, "bc"))
+            trainer.demo_batches = _demo_batches(config, start, demos)
+            trainer.inputs += demos
+        trainer.train()
+        return trainer.finish()
 
 
-def _param_groups(model: PPOModel) -> list[dict]:
-    shared = [*model.conv.parameters(), *model.fc.parameters(),
-              *model.policy_head.parameters()]
-    return [{"params": shared, "name": "trunk_policy"},
-            {"params": list(model.value_head.parameters()), "name": "value_head"}]
+def _starting_checkpoint(run_dir: str | Path | None, checkpoint: str | Path | None
+                         ) -> tuple[Path, Checkpoint, Path]:
+    if checkpoint is not None:
+        source = Path(checkpoint)
+        start = load_checkpoint(source)
+        return source, start, runs.prepare_run_dir(run_dir or source.parent, "")
+    found = runs.find_run_dir(run_dir, needs="calibrate")
+    source = runs.stage_input(found, "calibrate")
+    return source, load_checkpoint(source), found
 
 
-class _DemoBatches:
-    """Random (observation, action) batches from demo files for the BC loss."""
-
-    def __init__(self, paths: tuple[str, ...], spec: EnvSpec, meanings: list[str],
-                 batch_size: int, seed: int) -> None:
-        from ..bootstrap.bc import open_demo_files
-
-        self.demos = open_demo_files(paths)
-        for demo in self.demos:
-            if not demo.spec.same_frames_as(spec) or demo.action_meanings != meanings:
-                raise OakEmuError(
-                    f"demo file {demo.path} was recorded with another env spec than the "
-                    "checkpoint; pass matching --bc-demos"
-                )
-        self.index = [(f, i, t) for f, d in enumerate(self.demos)
-                      for i, e in enumerate(d.episodes) for t in range(e.length)]
-        self.batch_size = batch_size
-        self.rng = np.random.default_rng(seed)
-
-    def sample(self) -> tuple[torch.Tensor, torch.Tensor]:
-        picks = self.rng.choice(len(self.index), size=min(self.batch_size, len(self.index)),
-                                replace=False)
-        obs, acts = [], []
-        for p in picks:
-            f, i, t = self.index[p]
-            obs.append(self.demos[f].observation(i, t))
-            acts.append(int(self.demos[f].read(i, "actions", slice(t, t + 1))[0]))
-        return torch.from_numpy(np.stack(obs)), torch.tensor(acts)
+def _demo_batches(config: PPOConfig, start: Checkpoint, paths: tuple[str, ...]):
+    """An endless stream of shuffled (observation, action) demo batches, forbidden actions
+    left out as BC leaves them out, read in blocks rather than row by row."""
+    if not paths:
+        raise ConfigError("--bc-coef needs demo files: pass --bc-demos FILE")
+    demos = open_demo_files(paths)
+    require_same_env(f"demo file {demos[0].path}", demos[0].spec, demos[0].action_meanings,
+                     "the checkpoint", EnvSpec.from_dict(start.env_spec), start.action_meanings,
+                     hint="pass matching --bc-demos", error=OakEmuError)
+    train, _ = split_episodes(demos, 0.0, config.seed)
+    dataset = DemoDataset(demos, train, batch_size=config.bc_batch_size,
+                          action_mask=np.asarray(start.action_mask), seed=config.seed,
+                          cache_bytes=256 << 20)
+    epoch = 0
+    while True:
+        epoch += 1
+        dataset.set_epoch(epoch)
+        yield from dataset
 
 
-def _greedy_eval(model: PPOModel, spec: EnvSpec, mask: torch.Tensor, config: PPOConfig,
-                 update: int) -> dict[str, float]:
-    from ..tester import EvalConfig, evaluate, greedy_agent
+class _Trainer:
+    """The state of one PPO run: model, frozen reference, optimizer, envs, counters."""
 
-    # The onnx agent traces a copy of the weights, so the model in training is not touched.
-    agent = greedy_agent(model, mask.cpu().numpy(), device="cpu", engine="onnx")
-    result = evaluate(agent, spec.for_evaluation(), EvalConfig(
-        episodes=config.eval_episodes, seed=10_000 + update, max_steps=config.eval_max_steps,
-        progress=False))
-    return {"eval/greedy_return": result.mean, "eval/greedy_return_std": result.std,
-            "eval/greedy_length": result.mean_length}
+    def __init__(self, config: PPOConfig, start: Checkpoint, run_dir: Path,
+                 device: torch.device, progress: bool) -> None:
+        self.config, self.start, self.run_dir = config, start, run_dir
+        self.device, self.progress = device, progress
+        self.spec = EnvSpec.from_dict(start.env_spec)
+        torch.manual_seed(config.seed)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        model = (PPOModel(start.observation_shape, start.action_count, start.model_config)
+                 if config.from_scratch else start.build_model()).to(device)
+        if device.type == "cpu":
+            # oneDNN's channels-last convolutions train faster than NCHW on the CPU
+            # (benchmarks/ppo_throughput.py); checkpoints are still written NCHW.
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.shared = [*model.conv.parameters(), *model.fc.parameters(),
+                       *model.policy_head.parameters()]
+        self.optimizer = torch.optim.Adam(
+            [{"params": self.shared, "name": "trunk_policy"},
+             {"params": list(model.value_head.parameters()), "name": "value_head"}],
+            lr=config.lr, eps=1e-5)
+        self.mask = start.action_mask_tensor().to(device)
+        self.first_update, self.global_step = 1, 0
+        self.saved = False  # whether ppo_last.pt holds a good state of this run
+        self.demo_batches: Any = None
+        self.last_eval: dict[str, float] = {}
+        self.collector: RolloutCollector | None = None
+        self.inputs: list[str | Path] = []
+        """The files this run reads, named in the lineage: the start and any BC demos."""
 
+    @property
+    def last_path(self) -> Path:
+        return self.run_dir / LAST
 
-def _diverged(what: str, update: int, last: Path | None) -> OakEmuError:
-    kept = (f"the last good checkpoint is {last} (continue from it with --resume, e.g. with "
-            "a lower --lr)" if last is not None else "no checkpoint was written by this run")
-    return OakEmuError(f"{what} at update {update}; training stopped, {kept}")
-
-
-def finetune_ppo(config: PPOConfig) -> Path:
-    """Run PPO; returns the path of ppo.pt."""
-    threads = torch.get_num_threads()
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    try:
-        return _finetune_ppo(config)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _finetune_ppo(config: PPOConfig) -> Path:
-    if config.from_scratch:  # nothing to protect: plain PPO
-        config = dataclasses.replace(config, warmup_updates=0, warmup_ramp_updates=0,
-                                     kl_coef=0.0, bc_coef=0.0)
-    source, start, run_dir = _starting_checkpoint(config)
-    base_spec = EnvSpec.from_dict(start.env_spec)
-    spec = dataclasses.replace(base_spec, reward_clipping=config.reward_clipping,
-                               episodic_life=config.episodic_life)
-    device = resolve_device(config.device)
-    torch.manual_seed(config.seed)
-    generator = torch.Generator().manual_seed(config.seed)
-
-    if config.from_scratch:
-        model = PPOModel(start.observation_shape, start.action_count, start.model_config)
-    else:
-        model = start.build_model()
-    model = model.to(device)
-    if device.type == "cpu":
-        # Measured (benchmarks/ppo_throughput.py, Nature CNN, 1 thread): oneDNN's
-        # channels-last convolutions make training ~1.4x faster than NCHW (432 vs 300
-        # SPS); the model lays its inputs out to match (PPOModel._features). Checkpoints
-        # are still written in the default layout (Checkpoint.from_model).
-        model = model.to(memory_format=torch.channels_last)
-    reference = copy.deepcopy(model).eval()  # the bootstrap policy the KL anchor holds to
-    for parameter in reference.parameters():
-        parameter.requires_grad_(False)
-    optimizer = torch.optim.Adam(_param_groups(model), lr=config.lr, eps=1e-5)
-    mask = start.action_mask_tensor().to(device)
-
-    first_update = 1
-    global_step = 0
-    resume_path = run_dir / LAST
-    if config.resume:
-        if not resume_path.exists():
-            raise OakEmuError(f"nothing to resume: {resume_path} does not exist")
-        last = load_checkpoint(resume_path)
+    def resume(self) -> None:
+        """Continue from ppo_last.pt: weights, reference, optimizer, RNGs and counters."""
+        path = self.last_path
+        if not path.exists():
+            raise OakEmuError(f"nothing to resume: {path} does not exist")
+        last = load_checkpoint(path)
         if last.stage != "ppo" or "optimizer" not in last.extra:
-            raise OakEmuError(f"{resume_path} is not a resumable PPO checkpoint")
+            raise OakEmuError(f"{path} is not a resumable PPO checkpoint")
         changed = [k for k in RESUME_KEYS if k in last.config
-                   and last.config[k] != getattr(config, k)]
+                   and last.config[k] != getattr(self.config, k)]
         if changed:
             raise OakEmuError(
-                f"{resume_path} was written with other settings ("
+                f"{path} was written with other settings ("
                 + ", ".join(f"--{k.replace('_', '-')} {last.config[k]!r}, now "
-                            f"{getattr(config, k)!r}" for k in changed)
-                + "); resume with the same options"
-            )
-        model.load_state_dict(last.state_dict)
-        reference.load_state_dict(last.extra["reference"])
-        optimizer.load_state_dict(last.extra["optimizer"])
-        first_update = int(last.steps["updates"]) + 1
-        global_step = int(last.steps["global_step"])
-        generator.set_state(last.extra["generator"])
+                            f"{getattr(self.config, k)!r}" for k in changed)
+                + "); resume with the same options")
+        self.model.load_state_dict(last.state_dict)
+        self.reference.load_state_dict(last.extra["reference"])
+        self.optimizer.load_state_dict(last.extra["optimizer"])
+        self.first_update = int(last.steps["ppo/updates"]) + 1
+        self.global_step = int(last.steps["ppo/global_step"])
+        self.generator.set_state(last.extra["generator"])
         torch.set_rng_state(last.extra["torch_rng"])
+        self.saved = True
 
-    demo_batches = None
-    if config.bc_coef > 0:
-        paths = config.bc_demos or tuple(start.config.get("demos", ()))
-        if not paths:
-            raise ConfigError("--bc-coef needs demo files: pass --bc-demos FILE")
-        demo_batches = _DemoBatches(tuple(paths), base_spec, start.action_meanings,
-                                    config.bc_batch_size, config.seed)
+    def train(self) -> None:
+        config = self.config
+        learning = dataclasses.replace(self.spec, reward_clipping=config.reward_clipping,
+                                       episodic_life=config.episodic_life)
+        self.collector = RolloutCollector(learning, self.model, self.mask,
+                                          num_envs=config.num_envs, num_steps=config.num_steps,
+                                          device=self.device, seed=config.seed
+                                          + self.first_update)
+        self.collector.global_step = self.global_step
+        bar = tqdm(total=config.num_updates, initial=self.first_update - 1,
+                   disable=not self.progress, desc="ppo", unit="update")
+        resumed = self.first_update > 1
+        try:
+            with MetricsLogger(self.run_dir, "ppo",
+                               resume_after=self.global_step if resumed else None) as log:
+                started = (time.perf_counter(), self.global_step)
+                for update in range(self.first_update, config.num_updates + 1):
+                    record = self.update(update, started)
+                    log.log(self.collector.global_step, record)
+                    if update % config.checkpoint_every == 0 or update == config.num_updates:
+                        self.save(self.last_path, update, final=False)
+                    _show(bar, record)
+                if config.eval_episodes:
+                    log.log(self.collector.global_step, self.evaluate(config.num_updates))
+        finally:
+            bar.close()
+            self.collector.close()
 
-    collector = RolloutCollector(spec, model, mask, num_envs=config.num_envs,
-                                 num_steps=config.num_steps, device=device,
-                                 seed=config.seed + first_update)
-    collector.global_step = global_step
-    minibatch = config.batch_size // config.num_minibatches
-    start_time = time.perf_counter()
-    start_step = global_step
-    last_eval: dict[str, float] = {}
-    bar = tqdm(total=config.num_updates, initial=first_update - 1, disable=not config.progress,
-               desc="ppo", unit="update")
+    def update(self, update: int, started: tuple[float, int]) -> dict[str, Any]:
+        """One rollout and its epochs of minibatch steps; returns the update's metrics."""
+        config, collector = self.config, self.collector
+        lr, factor = lr_at(config, update), policy_lr_factor(config, update)
+        self.optimizer.param_groups[0]["lr"] = lr * factor
+        self.optimizer.param_groups[1]["lr"] = lr
+        rollout = collector.collect()
+        learn_start = time.perf_counter()
+        stats, stopped = self.learn(rollout, update, frozen=factor == 0)
+        collector.timings.learn += time.perf_counter() - learn_start
+        elapsed = time.perf_counter() - started[0]
+        record = {
+            "charts/learning_rate": lr,
+            "charts/policy_lr_factor": factor,
+            "charts/SPS": (collector.global_step - started[1]) / max(elapsed, 1e-9),
+            "charts/update": update,
+            "charts/episodic_return": _mean(list(collector.stats.returns)[-20:]),
+            "charts/episodic_length": _mean(list(collector.stats.lengths)[-20:]),
+            "losses/explained_variance": stats.pop("explained_variance"),
+            "guards/kl_coef": kl_weight(config, update),
+            "guards/bc_coef": bc_weight(config, update) if self.demo_batches else 0.0,
+            "guards/target_kl_stop": stopped,
+        }
+        for key, name in (("pg", "losses/policy_loss"), ("v", "losses/value_loss"),
+                          ("ent", "losses/entropy"), ("approx_kl", "losses/approx_kl"),
+                          ("old_approx_kl", "losses/old_approx_kl"),
+                          ("clipfrac", "losses/clipfrac"), ("kl_ref", "guards/kl_ref"),
+                          ("bc", "guards/bc_loss")):
+            record[name] = _mean(stats.get(key, []))
+        if config.eval_every and update % config.eval_every == 0:
+            record |= self.evaluate(update)
+        return record
 
-    saved = config.resume  # a resumed run starts from a good ppo_last.pt
+    def learn(self, rollout: Rollout, update: int, *, frozen: bool
+              ) -> tuple[dict[str, Any], bool]:
+        """Epochs of minibatch steps on one rollout. While `frozen` (the critic-first
+        warm-up) the trunk and policy take no gradient, so Adam keeps no state for them and
+        the norm clip measures the value head alone."""
+        config = self.config
+        advantages, returns = gae(rollout.rewards, rollout.values, rollout.next_values,
+                                  rollout.terminations, rollout.truncations, config.gamma,
+                                  config.gae_lambda)
+        obs = rollout.obs.reshape(-1, *rollout.obs.shape[2:])
+        batch = PPOBatch(actions=rollout.actions.reshape(-1),
+                         log_probs=rollout.log_probs.reshape(-1),
+                         advantages=advantages.reshape(-1), returns=returns.reshape(-1),
+                         values=rollout.values.reshape(-1))
+        size = config.batch_size // config.num_minibatches
+        kl_w, bc_w = kl_weight(config, update), bc_weight(config, update)
+        if kl_w > 0:  # the frozen policy's logits, once per rollout, not per epoch
+            with torch.no_grad():
+                ref = torch.cat([self.reference.get_logits(obs[b:b + size])
+                                 for b in range(0, config.batch_size, size)])
+            batch = dataclasses.replace(batch, ref_logits=ref)
+        coef = dataclasses.replace(config.coefficients, kl_weight=kl_w)
+        for parameter in self.shared:
+            parameter.requires_grad_(not frozen)
+        stats: dict[str, list[torch.Tensor]] = {}
+        try:
+            for _ in range(config.update_epochs):
+                order = torch.randperm(config.batch_size, generator=self.generator)
+                for b in range(0, config.batch_size, size):
+                    idx = order[b:b + size].to(self.device)
+                    step = self.step(obs[idx], _take(batch, idx), coef, bc_w, update)
+                    for key, value in step.items():
+                        stats.setdefault(key, []).append(value)
+                if config.target_kl is not None and \
+                        float(stats["approx_kl"][-1]) > config.target_kl:
+                    return _with_ev(stats, batch), True
+        finally:
+            for parameter in self.shared:
+                parameter.requires_grad_(True)
+        return _with_ev(stats, batch), False
 
-    def save(path: Path, update: int, final: bool) -> None:
-        nonlocal saved
-        extra = {"optimizer": optimizer.state_dict(), "reference": plain_state_dict(reference),
-                 "generator": generator.get_state(), "torch_rng": torch.get_rng_state()}
+    def step(self, obs: torch.Tensor, batch: PPOBatch, coef: PPOCoefficients, bc_w: float,
+             update: int) -> dict[str, torch.Tensor]:
+        """One optimizer step on one minibatch; returns its statistics."""
+        logits, values = self.model(obs)
+        loss, stats = ppo_loss(logits, values.squeeze(-1), self.mask, batch, coef)
+        if self.demo_batches is not None and bc_w > 0:
+            demo_obs, demo_actions = next(self.demo_batches)
+            bc = bc_loss(self.model.get_logits(demo_obs.to(self.device)),
+                         demo_actions.to(self.device), self.mask)
+            loss = loss + bc_w * bc
+            stats["bc"] = bc.detach()
+        outcome = self.stopped_outcome()
+        check_finite(loss, "the PPO loss", where=f"update {update}", outcome=outcome)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        learning = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(learning, self.config.max_grad_norm)
+        check_finite(norm, "a PPO gradient", where=f"update {update}", outcome=outcome)
+        self.optimizer.step()
+        return stats
+
+    def stopped_outcome(self) -> str:
+        if self.saved:
+            return (f"training stopped, the last good checkpoint is {self.last_path} (continue "
+                    "from it with --resume, e.g. with a lower --lr)")
+        return "training stopped, no checkpoint was written by this run"
+
+    def evaluate(self, update: int) -> dict[str, float]:
+        """Greedy games of the current policy on seeds 10,000 + update."""
+        # The onnx agent traces a copy of the weights, so the model in training is untouched.
+        agent = greedy_agent(self.model, self.mask.cpu().numpy(), device="cpu", engine="onnx")
+        config = self.config
+        result = play_games(agent, self.spec, EvalConfig(
+            episodes=config.eval_episodes, seed=10_000 + update,
+            max_steps=config.eval_max_steps), progress=False)
+        self.last_eval = {"eval/greedy_return": result.mean,
+                          "eval/greedy_return_std": result.std,
+                          "eval/greedy_length": result.mean_length}
+        return self.last_eval
+
+    def save(self, path: Path, update: int, *, final: bool) -> None:
+        extra = {} if final else {
+            "optimizer": self.optimizer.state_dict(),
+            "reference": plain_state_dict(self.reference),
+            "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state()}
         checkpoint = Checkpoint.from_model(
-            model, stage="ppo", action_meanings=start.action_meanings,
-            action_mask=start.action_mask, env_spec=start.env_spec,
-            steps=start.steps | {"updates": update, "global_step": collector.global_step},
-            config=dataclasses.asdict(config) | {"bc_demos": list(config.bc_demos),
-                                                 "source": str(source)},
-            extra=({} if final else extra) | {"timings": collector.timings.as_dict(),
-                                              "eval": last_eval},
-        )
+            self.model, stage="ppo", action_meanings=self.start.action_meanings,
+            action_mask=self.start.action_mask, env_spec=self.start.env_spec,
+            steps={"updates": update, "global_step": self.collector.global_step},
+            config=dataclasses.asdict(self.config),
+            extra=extra | {"timings": self.collector.timings.as_dict(), "eval": self.last_eval},
+            parent=self.start, inputs=self.inputs)
         save_checkpoint(path, checkpoint)
-        saved = True
+        self.saved = True
 
-    try:
-        with MetricsLogger(run_dir, "ppo",
-                           resume_after=global_step if config.resume else None) as log:
-            for update in range(first_update, config.num_updates + 1):
-                lr = lr_at(config, update)
-                factor = policy_lr_factor(config, update)
-                optimizer.param_groups[0]["lr"] = lr * factor
-                optimizer.param_groups[1]["lr"] = lr
-                rollout = collector.collect()
-                advantages, returns = td_lambda(
-                    rollout.rewards, rollout.values, rollout.next_values,
-                    rollout.terminations, rollout.truncations, config.gamma, config.gae_lambda)
-                learn_start = time.perf_counter()
-                b_obs = rollout.obs.reshape(-1, *rollout.obs.shape[2:])
-                b_actions = rollout.actions.reshape(-1)
-                b_logprobs = rollout.log_probs.reshape(-1)
-                b_adv = advantages.reshape(-1)
-                b_returns = returns.reshape(-1)
-                b_values = rollout.values.reshape(-1)
-                kl_w, bc_w = kl_weight(config, update), bc_weight(config, update)
-                ref_logits_all = None
-                if kl_w > 0:  # the frozen policy's logits, once per rollout, not per epoch
-                    with torch.no_grad():
-                        ref_logits_all = torch.cat([
-                            reference.get_logits(b_obs[b:b + minibatch])
-                            for b in range(0, config.batch_size, minibatch)])
-                # Detached 0-d tensors, read out once per update (a float() per minibatch
-                # would wait for the device every time).
-                stats: dict[str, list[torch.Tensor]] = {k: [] for k in (
-                    "pg", "v", "ent", "kl_ref", "bc", "approx_kl", "old_approx_kl", "clipfrac")}
-                stop = False
-                for _ in range(config.update_epochs):
-                    order = torch.randperm(config.batch_size, generator=generator).to(device)
-                    for b in range(0, config.batch_size, minibatch):
-                        idx = order[b:b + minibatch]
-                        obs = b_obs[idx]
-                        logits, new_value = model(obs)
-                        new_value = new_value.squeeze(-1)
-                        masked = model.masked_logits(logits, mask)
-                        logp_all = torch.log_softmax(masked, -1)
-                        new_logprob = logp_all.gather(-1, b_actions[idx, None]).squeeze(-1)
-                        p_all = logp_all.exp()
-                        entropy = -(p_all * logp_all).where(mask, torch.zeros_like(p_all)).sum(-1)
-                        logratio = new_logprob - b_logprobs[idx]
-                        ratio = logratio.exp()
-                        with torch.no_grad():
-                            stats["old_approx_kl"].append((-logratio).mean())
-                            stats["approx_kl"].append(((ratio - 1) - logratio).mean())
-                            stats["clipfrac"].append(
-                                ((ratio - 1).abs() > config.clip_coef).float().mean())
-                        adv = b_adv[idx]
-                        if config.norm_adv and len(idx) > 1:
-                            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                        pg = policy_loss(adv, ratio, config.clip_coef)
-                        v = value_loss(new_value, b_values[idx], b_returns[idx],
-                                       config.clip_coef, config.clip_vloss)
-                        ent = entropy.mean()
-                        loss = pg - config.ent_coef * ent + config.vf_coef * v
-                        if ref_logits_all is not None:
-                            kl_ref = masked_kl(ref_logits_all[idx], logits, mask)
-                            loss = loss + kl_w * kl_ref
-                            stats["kl_ref"].append(kl_ref.detach())
-                        if demo_batches is not None and bc_w > 0:
-                            from ..bootstrap.bc import bc_loss
+    def finish(self) -> Path:
+        path = self.run_dir / runs.STAGE_FILES["ppo"]
+        self.save(path, self.config.num_updates, final=True)
+        runs.remember_run(self.run_dir)
+        if self.progress:
+            t = self.collector.timings
+            total = max(t.env + t.inference + t.learn, 1e-9)
+            tqdm.write(f"time: env {t.env:.0f}s ({100 * t.env / total:.0f}%), inference "
+                       f"{t.inference:.0f}s ({100 * t.inference / total:.0f}%), learning "
+                       f"{t.learn:.0f}s ({100 * t.learn / total:.0f}%)")
+            if self.last_eval:
+                tqdm.write(f"greedy return {self.last_eval['eval/greedy_return']:+.1f} over "
+                           f"{self.config.eval_episodes} episode(s); wrote {path}")
+        return path
 
-                            d_obs, d_act = demo_batches.sample()
-                            bc = bc_loss(model.get_logits(d_obs.to(device)), d_act.to(device),
-                                         mask)
-                            loss = loss + bc_w * bc
-                            stats["bc"].append(bc.detach())
-                        if not torch.isfinite(loss):
-                            raise _diverged(f"the PPO loss became {float(loss.detach())}",
-                                            update, resume_path if saved else None)
-                        optimizer.zero_grad(set_to_none=True)
-                        loss.backward()
-                        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                                   config.max_grad_norm)
-                        if not torch.isfinite(grad_norm):
-                            raise _diverged(f"a PPO gradient became {float(grad_norm)}",
-                                            update, resume_path if saved else None)
-                        optimizer.step()
-                        stats["pg"].append(pg.detach())
-                        stats["v"].append(v.detach())
-                        stats["ent"].append(ent.detach())
-                    if config.target_kl is not None and \
-                            float(stats["approx_kl"][-1]) > config.target_kl:
-                        stop = True
-                        break
-                collector.timings.learn += time.perf_counter() - learn_start
-                elapsed = time.perf_counter() - start_time
-                sps = (collector.global_step - start_step) / max(elapsed, 1e-9)
-                record = {
-                    "charts/learning_rate": lr,
-                    "charts/policy_lr_factor": factor,
-                    "charts/SPS": sps,
-                    "charts/episodic_return": _mean(list(collector.stats.returns)[-20:]),
-                    "charts/episodic_length": _mean(list(collector.stats.lengths)[-20:]),
-                    "losses/policy_loss": _mean(stats["pg"]),
-                    "losses/value_loss": _mean(stats["v"]),
-                    "losses/entropy": _mean(stats["ent"]),
-                    "losses/approx_kl": _mean(stats["approx_kl"]),
-                    "losses/old_approx_kl": _mean(stats["old_approx_kl"]),
-                    "losses/clipfrac": _mean(stats["clipfrac"]),
-                    "losses/explained_variance": explained_variance(
-                        b_values.cpu().numpy(), b_returns.cpu().numpy()),
-                    "guards/kl_ref": _mean(stats["kl_ref"]),
-                    "guards/kl_coef": kl_w,
-                    "guards/bc_loss": _mean(stats["bc"]),
-                    "guards/bc_coef": bc_w if demo_batches is not None else 0.0,
-                    "guards/target_kl_stop": stop,
-                    "charts/update": update,
-                }
-                if config.eval_every and update % config.eval_every == 0:
-                    last_eval = _greedy_eval(model, base_spec, mask, config, update)
-                    record |= last_eval
-                log.log(collector.global_step, record)
-                if update % config.checkpoint_every == 0 or update == config.num_updates:
-                    save(resume_path, update, final=False)
-                recent = record["charts/episodic_return"]
-                bar.set_postfix(SPS=f"{sps:.0f}", ret="-" if recent is None else f"{recent:+.1f}",
-                                kl=f"{record['losses/approx_kl']:.3f}")
-                bar.update(1)
-            if config.eval_episodes:
-                last_eval = _greedy_eval(model, base_spec, mask, config, config.num_updates)
-                log.log(collector.global_step, last_eval)
-    finally:
-        bar.close()
-        collector.close()
 
-    path = run_dir / runs.STAGE_FILES["ppo"]
-    save(path, config.num_updates, final=True)
-    runs.remember_run(run_dir)
-    if config.progress:
-        t = collector.timings
-        total = max(t.env + t.inference + t.learn, 1e-9)
-        tqdm.write(
-            f"time: env {t.env:.0f}s ({100 * t.env / total:.0f}%), inference "
-            f"{t.inference:.0f}s ({100 * t.inference / total:.0f}%), learning {t.learn:.0f}s "
-            f"({100 * t.learn / total:.0f}%)"
-        )
-        if last_eval:
-            tqdm.write(f"greedy return {last_eval['eval/greedy_return']:+.1f} over "
-                       f"{config.eval_episodes} episode(s); wrote {path}")
-    return path
+def _take(batch: PPOBatch, idx: torch.Tensor) -> PPOBatch:
+    """The rows `idx` of every tensor of a flattened rollout."""
+    return PPOBatch(**{f.name: None if getattr(batch, f.name) is None
+                       else getattr(batch, f.name)[idx] for f in dataclasses.fields(batch)})
+
+
+def _with_ev(stats: dict[str, Any], batch: PPOBatch) -> dict[str, Any]:
+    stats["explained_variance"] = explained_variance(batch.values.cpu().numpy(),
+                                                     batch.returns.cpu().numpy())
+    return stats
+
+
+def _show(bar: tqdm, record: dict[str, Any]) -> None:
+    recent = record["charts/episodic_return"]
+    bar.set_postfix(SPS=f"{record['charts/SPS']:.0f}",
+                    ret="-" if recent is None else f"{recent:+.1f}",
+                    kl=f"{record['losses/approx_kl']:.3f}")
+    bar.update(1)

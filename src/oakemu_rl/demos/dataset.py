@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..demos import DemoFile
+from .reader import DemoFile
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The keyboard recorder: a person plays in a pygame window while `record` stores the session.
 
-`KeyboardAgent` is an ordinary agent (see `oakemu_rl.agents`): `record` calls `reset` at
+`KeyboardAgent` is an ordinary agent (see `oakemu_rl.agents.base`): `record` calls `reset` at
 each episode start and `act` once per step. Each `act` draws the emulator's screen,
 waits so that the game runs at the chosen speed, reads the keyboard and returns the action
 whose meaning matches the held keys.
@@ -41,7 +41,7 @@ import numpy as np
 from ..envs.ale import action_mask, action_meanings
 from ..envs.spec import EnvSpec
 from ..errors import ConfigError, OakEmuError
-from .record import DiscardEpisode, StopRecording
+from .base import DiscardEpisode, StopRecording
 
 GAME_KEY_ALIASES: dict[str, dict[str, str | None]] = {
     # Pong's paddle moves vertically but the game reads the controller's RIGHT as "up"

@@ -24,7 +24,7 @@ def _lib(x: Array):
     return torch if isinstance(x, torch.Tensor) else np
 
 
-def td_lambda(
+def gae(
     rewards: Array,
     values: Array,
     next_values: Array,

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..envs import EnvSpec, make_vector_env
-from ..model import PPOModel
+from ..model import PPOModel, masked_log_softmax
 
 
 @dataclass
@@ -101,9 +101,9 @@ class RolloutCollector:
     def _act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.greedy:
             logits, value = self.model(obs)
-            logits = self.model.masked_logits(logits, self.mask)
-            action = logits.argmax(-1)
-            log_prob = torch.log_softmax(logits, -1).gather(-1, action[:, None])[:, 0]
+            log_probs = masked_log_softmax(logits, self.mask)
+            action = log_probs.argmax(-1)
+            log_prob = log_probs.gather(-1, action[:, None])[:, 0]
             return action, log_prob, value[:, 0]
         bundle = self.model.get_action_bundle(obs, action_mask=self.mask)
         return bundle.action, bundle.log_prob, bundle.value

@@ -1,4 +1,5 @@
-"""`oakemu record`: play episodes with an agent (a person, a script, a policy) into a demo file.
+"""Recording: play episodes with an agent (a person, a script, a policy) into a demo file,
+for `oakemu record` and for the bc stage's relabelling rounds.
 
 Each finished episode is committed to the file before the next one starts, so stopping
 (Ctrl-C, closing the window, a kill) never costs more than the episode in progress.
@@ -17,17 +18,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..agents import Agent
-from ..envs import EnvSpec, make_env
-from .writer import DemoWriter, EpisodeBuffer
-
-
-class DiscardEpisode(Exception):
-    """Raised by an agent's `act` to throw away the episode in progress and start over."""
-
-
-class StopRecording(Exception):
-    """Raised by an agent's `act` to end the session; finished episodes are kept."""
+from ..demos.writer import DemoWriter, EpisodeBuffer
+from ..envs import EnvSpec, action_mask, make_env
+from .base import Agent, DiscardEpisode, NoisyAgent, StopRecording
+from .play import checked_action
+from .policy import load_policy_agent
+from .scripted import make_demonstrator
 
 
 @dataclass(frozen=True)
@@ -60,17 +56,6 @@ RELABELLED = "relabelled"
 """Recorder kind of episodes a driver played and an agent labelled."""
 
 
-def relabelling_agents(checkpoint: str | Path, *, style: str, seed: int = 0,
-                       noise: float = 0.0, device: str = "cpu") -> tuple[Agent, Agent, EnvSpec]:
-    """(labeller, driver, spec) for `record(config, labeller, driver)`: the checkpoint's
-    greedy policy drives on its own env spec, the scripted player in `style` labels."""
-    from ..tester import load_policy_agent
-    from .scripted import make_demonstrator
-
-    driver, spec = load_policy_agent(checkpoint, device=device)
-    return make_demonstrator(spec, seed=seed, noise=noise, style=style), driver, spec
-
-
 def record(config: RecordConfig, agent: Agent, driver: Agent | None = None) -> RecordResult:
     """Play `config.episodes` episodes with `agent` and commit each to `config.out`; with a
     `driver`, the driver plays and `agent`'s choices are stored as the actions."""
@@ -97,15 +82,11 @@ def record(config: RecordConfig, agent: Agent, driver: Agent | None = None) -> R
                 driver.reset(env, seed)
             try:
                 while True:
-                    action = label = int(agent.act(env, observation))
+                    action = label = checked_action(agent.act(env, observation), mask,
+                                                    writer.action_meanings, agent)
                     if driver is not None:
-                        action = int(driver.act(env, observation))
-                    for who, chosen in ((agent, label), (driver, action)):
-                        if who is not None and not mask[chosen]:
-                            raise ValueError(
-                                f"the {who.kind} agent chose the forbidden action "
-                                f"{writer.action_meanings[chosen]}"
-                            )
+                        action = checked_action(driver.act(env, observation), mask,
+                                                writer.action_meanings, driver)
                     if driver is not None and taken is not None:
                         taken(action)
                     next_observation, reward, terminated, truncated, info = env.step(action)
@@ -135,3 +116,40 @@ def record(config: RecordConfig, agent: Agent, driver: Agent | None = None) -> R
         bar.close()
         env.close()
     return result
+
+
+def relabelling_agents(checkpoint: str | Path, *, style: str, seed: int = 0,
+                       noise: float = 0.0, device: str = "cpu") -> tuple[Agent, Agent, EnvSpec]:
+    """(labeller, driver, spec) for `record(config, labeller, driver)`: the checkpoint's
+    greedy policy drives on its own env spec, the scripted player in `style` labels.
+    `noise` perturbs what the driver plays (random allowed actions with that chance),
+    never the labels: a label is always the demonstrator's own choice."""
+    driver, spec = load_policy_agent(checkpoint, device=device)
+    if noise > 0:
+        driver = NoisyAgent(driver, action_mask(spec), noise, seed=seed)
+    return make_demonstrator(spec, seed=seed, style=style), driver, spec
+
+
+def recording_agents(spec: EnvSpec, *, demonstrator: str, policy: str | Path | None = None,
+                     relabel: str | Path | None = None, style: str = "planner",
+                     noise: float = 0.0, fps: float = 15.0, seed: int = 0,
+                     device: str = "auto") -> tuple[Agent, Agent | None, EnvSpec]:
+    """(agent, driver, spec) for `oakemu record`: a person at the keyboard, the scripted
+    player, a checkpoint's policy (`policy`, on its own spec), or relabelling (`relabel`:
+    the checkpoint drives, the scripted player labels)."""
+    from ..errors import OakEmuError
+
+    if relabel is not None:
+        if demonstrator != "scripted" or policy is not None:
+            raise OakEmuError("--relabel needs --demonstrator scripted (the script labels "
+                              "the frames the checkpoint's policy plays), without --policy")
+        return relabelling_agents(relabel, style=style, seed=seed, noise=noise, device=device)
+    if policy is not None:
+        agent, policy_spec = load_policy_agent(policy, device=device)
+        return agent, None, policy_spec
+    if demonstrator == "scripted":
+        return make_demonstrator(spec, seed=seed, noise=noise, style=style), None, spec
+    from .keyboard import KeyboardAgent, check_display
+
+    check_display()
+    return KeyboardAgent(spec, fps=fps), None, spec

@@ -1,0 +1,189 @@
+"""Playing whole games with an agent and keeping the scores: what the tester, PPO's
+evaluation games and the pipeline's final test all do.
+
+`play_games(agent, spec, config)` plays `config.episodes` games on the evaluation spec (raw
+game rewards, a lost life does not end the game), one env, episode i seeded with
+`seed + i`, so the same agent and seed always give the same scores. Every action is
+checked against the spec's action mask.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ..configs import check_options
+from ..envs import EnvSpec, action_mask, action_meanings, make_env
+from ..errors import OakEmuError
+from ..runtime import SEED_MAX
+from .base import Agent
+
+
+class AgentActionError(OakEmuError, ValueError):
+    """An agent returned an action that is not a valid, allowed action index."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Which games to play. (Not `TestConfig`: pytest would try to collect that name.)"""
+
+    episodes: int = 5
+    """Games to play."""
+    seed: int = 0
+    """Episode i is played with seed `seed + i` (no-op starts and sticky actions)."""
+    max_steps: int | None = None
+    """Agent steps after which an episode is cut; None plays until the emulator ends it."""
+
+    def __post_init__(self) -> None:
+        check_options(self, self.checks(), stage="test")
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        return [("episodes", self.episodes >= 1, "≥ 1"),
+                ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
+                ("max_steps", self.max_steps is None or self.max_steps >= 1, "≥ 1")]
+
+
+def _stat(values: list[float], fn: Any) -> float:
+    return float(fn(np.asarray(values, dtype=np.float64))) if values else math.nan
+
+
+@dataclass
+class EvalResult:
+    """Scores (sum of raw game rewards) and lengths (agent steps) of the episodes played.
+
+    The statistics are over episodes; `std` is the population standard deviation (ddof=0).
+    They are NaN for a result with no episodes.
+    """
+
+    scores: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.scores) != len(self.lengths):
+            raise ValueError(
+                f"{len(self.scores)} scores but {len(self.lengths)} lengths; they must match"
+            )
+
+    @property
+    def episodes(self) -> int:
+        return len(self.scores)
+
+    @property
+    def mean(self) -> float:
+        return _stat(self.scores, np.mean)
+
+    @property
+    def std(self) -> float:
+        return _stat(self.scores, np.std)
+
+    @property
+    def min(self) -> float:
+        return _stat(self.scores, np.min)
+
+    @property
+    def max(self) -> float:
+        return _stat(self.scores, np.max)
+
+    @property
+    def mean_length(self) -> float:
+        return _stat(self.lengths, np.mean)
+
+    @property
+    def std_length(self) -> float:
+        return _stat(self.lengths, np.std)
+
+    @property
+    def min_length(self) -> float:
+        return _stat(self.lengths, np.min)
+
+    @property
+    def max_length(self) -> float:
+        return _stat(self.lengths, np.max)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types (JSON-ready): the per-episode lists and their statistics."""
+        return {
+            "episodes": self.episodes,
+            "scores": [float(s) for s in self.scores],
+            "lengths": [int(n) for n in self.lengths],
+            "mean": self.mean,
+            "std": self.std,
+            "min": self.min,
+            "max": self.max,
+            "mean_length": self.mean_length,
+            "std_length": self.std_length,
+            "min_length": self.min_length,
+            "max_length": self.max_length,
+        }
+
+
+def checked_action(raw: Any, mask: np.ndarray, meanings: tuple[str, ...], agent: Any) -> int:
+    kind = getattr(agent, "kind", type(agent).__name__)
+    try:
+        action = operator.index(raw)
+    except TypeError:
+        raise AgentActionError(
+            f"the {kind} agent returned {raw!r}, which is not an action index"
+        ) from None
+    if not 0 <= action < len(mask):
+        raise AgentActionError(
+            f"the {kind} agent returned action {action}, but the game has actions "
+            f"0..{len(mask) - 1}"
+        )
+    if not mask[action]:
+        allowed = [m for m, ok in zip(meanings, mask, strict=True) if ok]
+        raise AgentActionError(
+            f"the {kind} agent chose the forbidden action {meanings[action]} ({action}); "
+            f"the action mask allows only {', '.join(allowed)}"
+        )
+    return action
+
+
+def play_games(agent: Agent, spec: EnvSpec, config: EvalConfig | None = None, *,
+               progress: bool = True,
+               watch: Callable[[int, Any], None] | None = None) -> EvalResult:
+    """Play `config.episodes` games with `agent` and return their scores and lengths.
+
+    The games use `spec.for_evaluation()`: raw rewards, whole games. An action the spec's
+    mask forbids (or that is out of range) raises `AgentActionError`. `watch(episode, env)`,
+    when given, is called after every reset and step (the tester films with it).
+    """
+    config = config or EvalConfig()
+    spec = spec.for_evaluation()
+    mask = action_mask(spec)
+    meanings = action_meanings(spec.game, spec.full_action_space)
+    result = EvalResult()
+    env = make_env(spec, render_mode="rgb_array")
+    bar = tqdm(total=config.episodes, unit="episode", disable=not progress,
+               desc=f"evaluating {spec.game}")
+    try:
+        for episode in range(config.episodes):
+            seed = config.seed + episode
+            observation, _ = env.reset(seed=seed)
+            agent.reset(env, seed)
+            if watch is not None:
+                watch(episode, env)
+            score, steps = 0.0, 0
+            while config.max_steps is None or steps < config.max_steps:
+                action = checked_action(agent.act(env, observation), mask, meanings, agent)
+                observation, reward, terminated, truncated, _ = env.step(action)
+                score += float(reward)
+                steps += 1
+                if watch is not None:
+                    watch(episode, env)
+                if terminated or truncated:
+                    break
+            result.scores.append(score)
+            result.lengths.append(steps)
+            bar.set_postfix(score=f"{score:+.0f}", steps=steps)
+            bar.update(1)
+    finally:
+        bar.close()
+        env.close()
+    return result
