@@ -42,10 +42,9 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for `--precision` (None: plain fp32). `auto` takes bf16 on a CUDA
-    GPU that supports it and fp32 on the CPU: on a CPU with AVX512-BF16, bf16 autocast ran
-    BC at 1.6x the samples/s of fp32 but needed about that many more epochs for the same
-    validation loss (10 bf16 epochs ended at 0.158, fp32 passed that after 6-7 and ended at
-    0.137 on the same demo files). `bf16` insists on it."""
+    GPU that supports it and fp32 on the CPU: even on a CPU with AVX512-BF16, bf16 autocast
+    bought more samples per second but no lower validation loss per minute (docs/results.md,
+    "BC precision"). `bf16` insists on it."""
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown --precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     if precision == "fp32":

@@ -27,10 +27,11 @@ def greedy_agent(model: PPOModel, action_mask: np.ndarray, *, device: str = "aut
     """An agent that plays `model` greedily over the allowed actions.
 
     engine "onnx" runs the policy through onnxruntime on CPU, "torch" runs the model itself
-    on `device`, and "auto" takes onnxruntime when the device resolves to the CPU: at batch
-    1 it played Pong at 1,412-1,531 steps/s against 740-904 for the torch model on 2 threads,
-    with the same actions (benchmarks/greedy_play.py measures it). The threads are torch's
-    (`torch.get_num_threads()`), so a caller that limits torch limits this too.
+    on `device`, and "auto" takes onnxruntime when the device resolves to the CPU: one
+    batch-1 forward pass per emulator step is where eager torch is slowest, and onnxruntime
+    plays faster with the same actions (benchmarks/greedy_play.py; docs/results.md, "Greedy
+    play speed"). The threads are torch's (`torch.get_num_threads()`), so a caller that
+    limits torch limits this too.
     """
     if engine not in GREEDY_ENGINES:
         raise ConfigError(f"unknown greedy engine {engine!r} (choose from "
