@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,12 @@ def _demo_batches(config: PPOConfig, start: Checkpoint, paths: tuple[str, ...]):
     dataset = DemoDataset(demos, train, batch_size=config.bc_batch_size,
                           action_mask=np.asarray(start.action_mask), seed=config.seed,
                           cache_bytes=256 << 20)
+    return _epochs(dataset)
+
+
+def _epochs(dataset: DemoDataset) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The dataset's batches, epoch after epoch, each epoch shuffled anew. (A generator of
+    its own, so `_demo_batches` checks the files before training starts.)"""
     epoch = 0
     while True:
         epoch += 1
