@@ -198,7 +198,7 @@ def train_bc(config: BCConfig, demos: tuple[str, ...] | list[str], *,
     file so far. Returns the path of bc.pt."""
     if not demos:
         raise DemoFileError("bc needs at least one demo file")
-    files = [str(d) for d in demos]
+    files, run_dir = _demo_files(demos, run_dir)
     path = _train_clone(config, files, run_dir, init_from, device, progress)
     rounds = config.relabel_rounds if config.relabel_episodes else 0
     for round_ in range(1, rounds + 1):
@@ -209,6 +209,19 @@ def train_bc(config: BCConfig, demos: tuple[str, ...] | list[str], *,
         path = _train_clone(dataclasses.replace(config, epochs=config.epochs_after_round(round_)),
                             files, path.parent, init_from, device, progress)
     return path
+
+
+def _demo_files(demos: tuple[str, ...] | list[str], run_dir: str | Path | None
+                ) -> tuple[list[str], str | Path | None]:
+    """The demo files, with each `minari:NAMESPACE/NAME-v0` dataset imported into the run
+    directory (whose default then follows the dataset's game)."""
+    from ..demos.minari_io import MINARI_PREFIX, minari_game, resolve_demo_paths
+
+    datasets = [str(d)[len(MINARI_PREFIX):] for d in demos if str(d).startswith(MINARI_PREFIX)]
+    if not datasets:
+        return [str(d) for d in demos], run_dir
+    target = runs.prepare_run_dir(run_dir, minari_game(datasets[0].strip()))
+    return list(resolve_demo_paths([str(d) for d in demos], target)), target
 
 
 def _train_clone(config: BCConfig, files: list[str], run_dir: str | Path | None,
