@@ -32,12 +32,12 @@ from pathlib import Path
 import numpy as np
 from policy_scores import scale_lines, score_all
 
+from oakemu_rl.agents.recording import RecordConfig, record, relabelling_agents
+from oakemu_rl.agents.scripted import make_demonstrator
 from oakemu_rl.bootstrap.bc import BCConfig, train_bc
 from oakemu_rl.bootstrap.calibrate import CalibrateConfig, calibrate
 from oakemu_rl.checkpoint import load_checkpoint
 from oakemu_rl.demos import DemoFile
-from oakemu_rl.demos.record import RecordConfig, record, relabelling_agents
-from oakemu_rl.demos.scripted import make_demonstrator
 from oakemu_rl.envs import EnvSpec
 from oakemu_rl.tester import EvalResult, format_table
 
@@ -95,9 +95,9 @@ def main() -> None:
             return path / "bc.pt"
         start = time.perf_counter()
         made = train_bc(BCConfig(
-            demos=tuple(map(str, files)), run_dir=str(path), epochs=args.epochs,
-            architecture=args.architecture, seed=args.seed, augment_shift=args.augment_shift,
-            lr=args.lr, head_gain=args.head_gain))
+            epochs=args.epochs, architecture=args.architecture, seed=args.seed,
+            augment_shift=args.augment_shift, lr=args.lr, head_gain=args.head_gain),
+            tuple(map(str, files)), run_dir=path)
         walls[wall] = time.perf_counter() - start
         return made
 
@@ -105,8 +105,8 @@ def main() -> None:
     cal_path = run_dir / "calibrated.pt"
     if not kept(cal_path):
         start = time.perf_counter()
-        cal_path = calibrate(CalibrateConfig(run_dir=str(run_dir),
-                                             iterations=args.calibrate_iterations))
+        cal_path = calibrate(CalibrateConfig(iterations=args.calibrate_iterations),
+                             run_dir=run_dir)
         walls["calibrate"] = time.perf_counter() - start
     agents = {"bc": bc_path, "calibrated": cal_path}
     files, clone = [demos], bc_path

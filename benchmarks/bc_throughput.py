@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from oakemu_rl import PPOModel
-from oakemu_rl.bootstrap.bc import bc_loss
-from oakemu_rl.bootstrap.data import DemoDataset, EpisodeRef
 from oakemu_rl.demos import DemoFile, DemoWriter, EpisodeBuffer
+from oakemu_rl.demos.dataset import DemoDataset, EpisodeRef
 from oakemu_rl.envs import EnvSpec
+from oakemu_rl.rl.losses import bc_loss
 
 
 def synthetic_file(path: Path, frames: int, episode_length: int = 1000, seed: int = 0) -> Path:
@@ -109,8 +109,8 @@ def peak_rss(path: Path, cache_mb: int) -> float:
     code = (
         "import resource, sys\n"
         "from oakemu_rl.bootstrap.bc import BCConfig, train_bc\n"
-        f"train_bc(BCConfig(demos=({str(path)!r},), run_dir={str(path.parent / 'run')!r}, "
-        f"epochs=1, cache_mb={cache_mb}, progress=False, val_fraction=0.1))\n"
+        f"train_bc(BCConfig(epochs=1, cache_mb={cache_mb}, val_fraction=0.1), "
+        f"({str(path)!r},), run_dir={str(path.parent / 'run')!r}, progress=False)\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,

@@ -17,15 +17,15 @@ import time
 from pathlib import Path
 
 from oakemu_rl.agents import RandomAgent
+from oakemu_rl.agents.recording import RecordConfig, record
 from oakemu_rl.demos import DemoFile
-from oakemu_rl.demos.record import RecordConfig, record
 from oakemu_rl.envs import EnvSpec, action_mask, make_env
 
 
 def agent_for(name: str, spec: EnvSpec):
     if name == "random":
         return RandomAgent(action_mask(spec))
-    from oakemu_rl.demos.scripted import make_demonstrator
+    from oakemu_rl.agents.scripted import make_demonstrator
 
     return make_demonstrator(spec, seed=0)
 

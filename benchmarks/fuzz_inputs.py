@@ -65,9 +65,9 @@ CKPT_KINDS = ("truncate", "flip", "zero_block", "empty", "directory", "missing",
 
 def build_base(workdir: Path) -> tuple[Path, Path]:
     """A 2-episode scripted Pong demo file (with a stored split) and a tiny bc checkpoint."""
+    from oakemu_rl.agents.recording import RecordConfig, record
+    from oakemu_rl.agents.scripted import make_demonstrator
     from oakemu_rl.checkpoint import Checkpoint, save_checkpoint
-    from oakemu_rl.demos.record import RecordConfig, record
-    from oakemu_rl.demos.scripted import make_demonstrator
     from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
     from oakemu_rl.model import ARCHITECTURES, PPOModel
 
@@ -89,7 +89,7 @@ def build_base(workdir: Path) -> tuple[Path, Path]:
             model, stage="bc", action_meanings=meanings,
             action_mask=[bool(v) for v in action_mask(spec)], env_spec=spec.to_dict(),
             steps={"epochs": 1, "updates": 2, "samples": 48},
-            config={"demos": [str(demo)], "lr": 2.5e-4}, extra={"metrics": {"loss": 1.5}}))
+            config={"lr": 2.5e-4}, extra={"metrics": {"loss": 1.5}}, inputs=[demo]))
     return demo, checkpoint
 
 
@@ -340,8 +340,11 @@ def _ckpt_mutation(kind: str, base: Path, out: Path, rng: np.random.Generator,
         note.append(f"replaced {sorted(map(str, chosen))}")
     elif kind == "ckpt_nested":
         where = _pick(rng, ["model_config", "steps", "config", "extra", "env_spec",
-                            "observation_shape", "action_meanings", "action_mask"])
-        container = payload[where]
+                            "observation_shape", "action_meanings", "action_mask", "lineage",
+                            "lineage[0]", "lineage[0].inputs[0]"])
+        container = {"lineage[0]": lambda: payload["lineage"][0],
+                     "lineage[0].inputs[0]": lambda: payload["lineage"][0]["inputs"][0],
+                     }.get(where, lambda: payload[where])()
         if isinstance(container, dict):
             key = _pick(rng, sorted(container)) if container else "x"
             how = _pick(rng, ["set", "set", "delete", "add"])

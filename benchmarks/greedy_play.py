@@ -5,7 +5,7 @@
 
 Greedy play (the tester, PPO's evaluation games, the relabelling games of the pipeline's
 bc stage) is one batch-1 forward pass per emulator step. Each round plays `--steps` steps
-of the checkpoint's evaluation spec with each engine of `oakemu_rl.tester.greedy_agent`,
+of the checkpoint's evaluation spec with each engine of `oakemu_rl.agents.greedy_agent`,
 one after the other, from the same seeds; the script prints the median steps/s per engine
 and thread count, their ratio, and whether both engines chose the same action on every step
 (they play the same game until the first differing choice).
@@ -20,9 +20,9 @@ import time
 import numpy as np
 import torch
 
+from oakemu_rl.agents import greedy_agent
 from oakemu_rl.checkpoint import checkpoint_spec, load_checkpoint
 from oakemu_rl.envs import make_env
-from oakemu_rl.tester import greedy_agent
 
 ENGINES = ("torch", "onnx")
 

@@ -409,7 +409,7 @@ class Harness:
         resumes: list[str] = []
 
         def step(path: Path) -> int:
-            return int(load_checkpoint(path).steps["global_step"]) if path.exists() else 0
+            return int(load_checkpoint(path).steps["ppo/global_step"]) if path.exists() else 0
 
         def args(resume: bool) -> list[str]:
             return ["finetune", "ppo", "--run-dir", str(run_dir), "--total-steps",
@@ -498,7 +498,7 @@ class Harness:
             steps = [r["step"] for r in read_metrics(run_dir / "ppo_metrics.jsonl")
                      if "charts/update" in r]
             expected = list(range(32, b.pipeline_ppo_steps + 1, 32))
-            ppo_step = load_checkpoint(run_dir / "ppo.pt").steps["global_step"]
+            ppo_step = load_checkpoint(run_dir / "ppo.pt").steps["ppo/global_step"]
             if not (run_dir / "test.json").exists() or ppo_step != b.pipeline_ppo_steps:
                 report.problems.append(f"the pipeline did not complete: {output[-300:]}")
             elif steps != expected:

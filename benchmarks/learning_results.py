@@ -45,12 +45,6 @@ EARLY_SHARE = 0.2
 """The start of fine-tuning where a collapse is looked for (the first 20% of the steps)."""
 
 
-def _ppo_settings(pipeline_path: str) -> dict:
-    from oakemu_rl.pipeline import load_pipeline
-
-    return dict(load_pipeline(pipeline_path).ppo)
-
-
 _WATCHING = False
 
 
@@ -74,28 +68,30 @@ def run_arm(arm: str, seed: int, args: dict) -> dict:
     """One fine-tune; runs in a worker process."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _exit_with_parent()
+    from oakemu_rl.agents import load_policy_agent
     from oakemu_rl.checkpoint import load_checkpoint
-    from oakemu_rl.finetune.ppo import PPOConfig, finetune_ppo
+    from oakemu_rl.finetune.ppo import finetune_ppo
     from oakemu_rl.metrics import read_metrics
-    from oakemu_rl.tester import EvalConfig, evaluate, load_policy_agent
+    from oakemu_rl.pipeline import load_pipeline
+    from oakemu_rl.tester import EvalConfig, evaluate
 
     source = Path(args["source"])
     run_dir = Path(args["out"]) / f"{arm}-s{seed}"
-    settings = _ppo_settings(args["pipeline"]) | (GUARDS_OFF if arm != "full" else {})
-    settings |= {"total_steps": args["steps"], "eval_every": args["eval_every"],
-                 "eval_episodes": args["eval_episodes"], "seed": seed, "threads": 1,
-                 "checkpoint_every": 10 ** 6, "progress": False, "device": "cpu"}
+    settings = (GUARDS_OFF if arm != "full" else {}) | {
+        "total_steps": args["steps"], "eval_every": args["eval_every"],
+        "eval_episodes": args["eval_episodes"], "seed": seed, "threads": 1,
+        "checkpoint_every": 10 ** 6, "from_scratch": arm == "scratch"}
+    config = dataclasses.replace(load_pipeline(args["pipeline"]).ppo, **settings)
     checkpoint = source / ("calibrated.pt" if arm == "full" else "bc.pt")
-    config = PPOConfig(run_dir=str(run_dir), checkpoint=str(checkpoint),
-                       from_scratch=arm == "scratch", **settings)
     start = time.perf_counter()
-    path = finetune_ppo(config)
+    path = finetune_ppo(config, run_dir=run_dir, checkpoint=checkpoint, device="cpu",
+                        progress=False)
     wall = time.perf_counter() - start
     curve = [(r["step"], r["eval/greedy_return"])
              for r in read_metrics(run_dir / "ppo_metrics.jsonl") if "eval/greedy_return" in r]
     agent, spec = load_policy_agent(path, device="cpu")
-    final = evaluate(agent, spec, EvalConfig(episodes=args["final_episodes"], seed=1000,
-                                             progress=False))
+    final = evaluate(agent, spec, EvalConfig(episodes=args["final_episodes"], seed=1000),
+                     progress=False)
     timings = load_checkpoint(path).extra.get("timings", {})
     result = {"arm": arm, "seed": seed, "steps": args["steps"], "curve": curve,
               "final": final.to_dict(), "wall_seconds": wall, "timings": timings,
@@ -106,16 +102,16 @@ def run_arm(arm: str, seed: int, args: dict) -> dict:
 
 def _reference_scores(args: argparse.Namespace) -> dict:
     """BC, the scripted demonstrator and a random policy on the final test's seeds."""
-    from oakemu_rl.agents import RandomAgent
-    from oakemu_rl.demos.scripted import make_demonstrator
+    from oakemu_rl.agents import RandomAgent, load_policy_agent
+    from oakemu_rl.agents.scripted import make_demonstrator
     from oakemu_rl.envs import action_mask
     from oakemu_rl.pipeline import load_pipeline
-    from oakemu_rl.tester import EvalConfig, evaluate, load_policy_agent
+    from oakemu_rl.tester import EvalConfig, evaluate
 
     path = Path(args.out) / "reference.json"
     scores = json.loads(path.read_text()) if path.exists() else {}
     pipeline = load_pipeline(args.pipeline)
-    config = EvalConfig(episodes=args.final_episodes, seed=1000, progress=False)
+    config = EvalConfig(episodes=args.final_episodes, seed=1000)
     agent, spec = load_policy_agent(Path(args.source) / "bc.pt", device="cpu")
     early = _early_updates(args, pipeline)
     if scores and sorted(map(int, scores.get("early", {}))) == early:
@@ -123,28 +119,27 @@ def _reference_scores(args: argparse.Namespace) -> dict:
     if not scores:
         demonstrator = make_demonstrator(spec, seed=1000, style=pipeline.demos.style)
         scores = {
-            "bc": evaluate(agent, spec, config).to_dict(),
+            "bc": evaluate(agent, spec, config, progress=False).to_dict(),
             # The BC start, scored the way the fine-tunes' evaluations are (seed 10_000 + 0).
             "start": evaluate(agent, spec, dataclasses.replace(
-                config, episodes=args.eval_episodes, seed=10_000)).to_dict(),
-            "demonstrator": evaluate(demonstrator, spec, config).to_dict(),
-            "random": evaluate(RandomAgent(action_mask(spec)), spec, config).to_dict(),
+                config, episodes=args.eval_episodes, seed=10_000), progress=False).to_dict(),
+            "demonstrator": evaluate(demonstrator, spec, config, progress=False).to_dict(),
+            "random": evaluate(RandomAgent(action_mask(spec)), spec, config,
+                               progress=False).to_dict(),
         }
     # The BC policy on the very games of each evaluation in the first 20% (update u plays
     # seed 10_000 + u), so a fine-tune's early scores compare with the clone's on the same
     # games: 3-game scores of the clone alone spread over several points from seed to seed.
     scores["early"] = {str(u): evaluate(agent, spec, dataclasses.replace(
-        config, episodes=args.eval_episodes, seed=10_000 + u)).mean for u in early}
+        config, episodes=args.eval_episodes, seed=10_000 + u), progress=False).mean
+        for u in early}
     path.write_text(json.dumps(scores, indent=2))
     return scores
 
 
 def _early_updates(args: argparse.Namespace, pipeline) -> list[int]:
     """The updates whose greedy evaluations fall in the first 20% of fine-tuning."""
-    from oakemu_rl.finetune.ppo import PPOConfig
-
-    ppo = {f.name: f.default for f in dataclasses.fields(PPOConfig)} | pipeline.ppo
-    batch = ppo["num_envs"] * ppo["num_steps"]
+    batch = pipeline.ppo.num_envs * pipeline.ppo.num_steps
     return [u for u in range(args.eval_every, args.steps // batch + 1, args.eval_every)
             if u * batch <= EARLY_SHARE * args.steps]
 

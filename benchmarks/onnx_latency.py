@@ -21,16 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from oakemu_rl.agents.onnx import INPUT_NAME, OUTPUT_NAME, default_threads, load_onnx_agent
 from oakemu_rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
-from oakemu_rl.export import (
-    INPUT_NAME,
-    OUTPUT_NAME,
-    collect_observations,
-    default_threads,
-    export_onnx,
-    load_onnx_agent,
-)
+from oakemu_rl.export import collect_observations, export_onnx
 from oakemu_rl.model import PPOModel, parameter_count
 
 

@@ -34,23 +34,23 @@ def score(job: tuple[str, str | None, int], settings: dict) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
-    from oakemu_rl.agents import RandomAgent
-    from oakemu_rl.demos.scripted import make_demonstrator
+    from oakemu_rl.agents import RandomAgent, load_policy_agent
+    from oakemu_rl.agents.scripted import make_demonstrator
     from oakemu_rl.envs import EnvSpec, action_mask
-    from oakemu_rl.tester import EvalConfig, evaluate, load_policy_agent
+    from oakemu_rl.tester import EvalConfig, evaluate
 
     torch.set_num_threads(1)
     name, path, seed = job
-    config = EvalConfig(episodes=settings["episodes"], seed=seed, progress=False)
+    config = EvalConfig(episodes=settings["episodes"], seed=seed)
     if path is not None:
         agent, spec = load_policy_agent(path, device="cpu")
-        return evaluate(agent, spec, config).to_dict()
+        return evaluate(agent, spec, config, progress=False).to_dict()
     spec = EnvSpec.from_dict(settings["spec"]).for_evaluation()
     if name == "demonstrator":
         agent = make_demonstrator(spec, seed=seed, style=settings["style"])
     else:
         agent = RandomAgent(action_mask(spec))
-    return evaluate(agent, spec, config).to_dict()
+    return evaluate(agent, spec, config, progress=False).to_dict()
 
 
 def score_all(jobs: list[tuple[str, str | None, int]], settings: dict, workers: int) -> list:

@@ -73,15 +73,15 @@ def worker_ours(steps: int, threads: int, seed: int, mode: str) -> dict:
             PPOModel(spec.observation_shape, len(action_meanings("pong"))), stage="calibrate",
             action_meanings=list(action_meanings("pong")),
             action_mask=action_mask(spec).tolist(), env_spec=spec.to_dict(), steps={}))
-        options = dict(checkpoint=str(start), run_dir=str(folder / "run"),
-                       from_scratch=mode == "scratch", total_steps=steps, num_envs=NUM_ENVS,
+        options = dict(from_scratch=mode == "scratch", total_steps=steps, num_envs=NUM_ENVS,
                        num_steps=NUM_STEPS, eval_episodes=0, checkpoint_every=10**9,
-                       progress=False, seed=seed, device="cpu")
+                       seed=seed)
         if "threads" in {f.name for f in dataclasses.fields(PPOConfig)}:
             options["threads"] = threads
         config = PPOConfig(**options)
         wall = time.perf_counter()
-        path = finetune_ppo(config)
+        path = finetune_ppo(config, run_dir=folder / "run", checkpoint=start, device="cpu",
+                            progress=False)
         wall = time.perf_counter() - wall
         records = [r for r in read_metrics(path.parent / "ppo_metrics.jsonl")
                    if "charts/SPS" in r]

@@ -17,7 +17,7 @@ import argparse
 import statistics
 import time
 
-from oakemu_rl.demos.scripted import SCRIPTED_GAMES, make_demonstrator
+from oakemu_rl.agents.scripted import SCRIPTED_GAMES, make_demonstrator
 from oakemu_rl.envs import EnvSpec, make_env
 
 

@@ -1,4 +1,4 @@
-"""td_lambda, discounted_returns and explained_variance against numbers worked out by hand.
+"""gae, discounted_returns and explained_variance against numbers worked out by hand.
 
 One rollout of T=4 steps in N=2 envs, γ = 0.5 so the arithmetic stays exact:
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from oakemu_rl.finetune.advantages import discounted_returns, explained_variance, td_lambda
+from oakemu_rl.rl.returns import discounted_returns, explained_variance, gae
 
 GAMMA = 0.5
 
@@ -70,8 +70,8 @@ def _inputs(kind: str):
 
 
 def _td(inputs, lam: float):
-    return td_lambda(inputs["rewards"], inputs["values"], inputs["next_values"],
-                     inputs["terminations"], inputs["truncations"], GAMMA, lam)
+    return gae(inputs["rewards"], inputs["values"], inputs["next_values"],
+               inputs["terminations"], inputs["truncations"], GAMMA, lam)
 
 
 def _mc(inputs):
@@ -88,7 +88,7 @@ KINDS = ["numpy", "torch"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_td_lambda_hand_computed(kind: str) -> None:
+def test_gae_hand_computed(kind: str) -> None:
     inputs = _inputs(kind)
     advantages, returns = _td(inputs, 0.5)
     assert type(advantages) is type(inputs["rewards"])

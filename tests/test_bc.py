@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
-from oakemu_rl.agents import autocast_dtype
 from oakemu_rl.bootstrap.bc import (
     BCConfig,
     _initial_model,
@@ -32,14 +31,16 @@ from oakemu_rl.bootstrap.bc import (
     random_shift,
     train_bc,
 )
-from oakemu_rl.bootstrap.data import DemoDataset, split_episodes
-from oakemu_rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from oakemu_rl.checkpoint import Checkpoint, lineage_inputs, load_checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
 from oakemu_rl.demos import DemoFile, DemoWriter, EpisodeBuffer, stack_frames
+from oakemu_rl.demos.dataset import DemoDataset, split_episodes
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
 from oakemu_rl.errors import ConfigError, DemoFileError, OakEmuError
+from oakemu_rl.fsutil import sha256_file
 from oakemu_rl.metrics import read_metrics
 from oakemu_rl.model import PPOModel, PPOModelConfiguration
+from oakemu_rl.runtime import autocast_dtype
 
 SMALL = PPOModelConfiguration(conv_layers=((8, 8, 4), (16, 4, 2)), fc_hidden=(64,))
 SPEC = EnvSpec(game="pong", screen_size=42)  # observations (4, 42, 42); SMALL fits them
@@ -97,11 +98,18 @@ def small_checkpoint(path: Path, spec: EnvSpec = SPEC, seed: int = 0) -> Path:
     return path
 
 
-def bc_config(demo: Path, run_dir: Path, start: Path, **overrides) -> BCConfig:
-    options = dict(demos=(str(demo),), run_dir=str(run_dir), epochs=4, batch_size=64,
-                   lr=1e-3, augment_shift=0, val_fraction=0.25, checkpoint=str(start),
-                   device="cpu", precision="fp32", progress=False)
+def bc_config(**overrides) -> BCConfig:
+    options = dict(epochs=4, batch_size=64, lr=1e-3, augment_shift=0, val_fraction=0.25,
+                   precision="fp32")
     return BCConfig(**(options | overrides))
+
+
+def run_bc(demo: Path, run_dir: Path, start: Path | None, *, demos: tuple[Path, ...] = (),
+           **overrides) -> Path:
+    """`train_bc` on `demo` (or `demos`) from `start`'s weights, on the CPU, quietly."""
+    return train_bc(bc_config(**overrides), [str(d) for d in demos or (demo,)],
+                    run_dir=str(run_dir), init_from=None if start is None else str(start),
+                    device="cpu", progress=False)
 
 
 def id_episode(episode: int, length: int, rng: np.random.Generator,
@@ -285,10 +293,14 @@ def test_random_shift_is_deterministic_for_a_seeded_generator() -> None:
 
 def test_bc_config_rejects_out_of_range_options() -> None:
     for bad in ({"epochs": 0}, {"lr": 0.0}, {"label_smoothing": 1.0}, {"augment_shift": 17},
-                {"head_gain": -1.0}, {"val_fraction": 1.0}, {"lr_schedule": "step"}, {"demos": ()},
-                {"precision": "fp16"}):
+                {"head_gain": -1.0}, {"val_fraction": 1.0}, {"lr_schedule": "step"},
+                {"precision": "fp16"}, {"relabel_episodes": -1}, {"relabel_rounds": 0},
+                {"relabel_epochs": 0}, {"relabel_epochs": (2, 3)}, {"relabel_seed": -1}):
         with pytest.raises(ConfigError):
-            BCConfig(**({"demos": ("x.h5",)} | bad))
+            BCConfig(**bad)
+    # The demo files are an argument of train_bc now; none at all is still refused.
+    with pytest.raises(DemoFileError, match="at least one demo file"):
+        train_bc(BCConfig(), ())
 
 
 # -- learning ------------------------------------------------------------------------------------
@@ -301,15 +313,13 @@ def learned(tmp_path_factory: pytest.TempPathFactory) -> dict:
     start = small_checkpoint(tmp / "start.pt")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OAKEMU_RUNS", str(tmp / "runs"))
-        path = train_bc(bc_config(demo, tmp / "run", start, epochs=5))
+        path = run_bc(demo, tmp / "run", start, epochs=5)
     return {"demo": demo, "start": start, "path": path, "run": tmp / "run"}
 
 
 @pytest.mark.parametrize("gain", [1.0, 0.3])
-def test_fresh_bc_model_gets_a_policy_head_of_the_chosen_gain(tmp_path: Path, gain: float) -> None:
-    demo = visible_demo(tmp_path / "demo.h5", lengths=(8, 8))
-    config = bc_config(demo, tmp_path, tmp_path / "unused.pt", checkpoint=None,
-                       architecture="tiny", head_gain=gain)
+def test_fresh_bc_model_gets_a_policy_head_of_the_chosen_gain(gain: float) -> None:
+    config = bc_config(architecture="tiny", head_gain=gain)
     model = _initial_model(config, SPEC, MEANINGS)
     weight = model.policy_head.weight.detach()  # (actions, features): orthogonal rows
     torch.testing.assert_close(weight @ weight.T, gain**2 * torch.eye(len(MEANINGS)))
@@ -319,18 +329,16 @@ def test_fresh_bc_model_gets_a_policy_head_of_the_chosen_gain(tmp_path: Path, ga
     assert model.model_config.policy_gain == 0.01
 
 
-def test_head_gain_zero_keeps_the_models_own_init(tmp_path: Path) -> None:
-    demo = visible_demo(tmp_path / "demo.h5", lengths=(8, 8))
-    config = bc_config(demo, tmp_path, tmp_path / "unused.pt", checkpoint=None,
-                       architecture="tiny", head_gain=0.0)
+def test_head_gain_zero_keeps_the_models_own_init() -> None:
+    config = bc_config(architecture="tiny", head_gain=0.0)
     weight = _initial_model(config, SPEC, MEANINGS).policy_head.weight.detach()
     torch.testing.assert_close(weight @ weight.T, 0.01**2 * torch.eye(len(MEANINGS)))
 
 
 def test_head_gain_leaves_a_start_checkpoints_head_alone(tmp_path: Path) -> None:
-    demo = visible_demo(tmp_path / "demo.h5", lengths=(8, 8))
     start = small_checkpoint(tmp_path / "start.pt")
-    model = _initial_model(bc_config(demo, tmp_path, start, head_gain=1.0), SPEC, MEANINGS)
+    model = _initial_model(bc_config(head_gain=1.0), SPEC, MEANINGS, load_checkpoint(start),
+                           start)
     expected = load_checkpoint(start).build_model().policy_head.weight
     assert torch.equal(model.policy_head.weight, expected)
 
@@ -372,7 +380,7 @@ def test_bc_leaves_the_value_head_untouched(learned: dict) -> None:
 def test_bf16_autocast_bc_learns_and_keeps_fp32_weights(tmp_path: Path) -> None:
     demo = visible_demo(tmp_path / "visible.h5")
     start = small_checkpoint(tmp_path / "start.pt")
-    path = train_bc(bc_config(demo, tmp_path / "run", start, epochs=5, precision="bf16"))
+    path = run_bc(demo, tmp_path / "run", start, epochs=5, precision="bf16")
     checkpoint = load_checkpoint(path)
     assert checkpoint.config["precision_used"] == "bf16"
     assert checkpoint.extra["metrics"]["bc/val_accuracy"] > 0.9  # chance is 1/3
@@ -411,9 +419,9 @@ def test_bc_writes_metrics_and_curves(learned: dict) -> None:
     assert (learned["run"] / "bc_curves.png").stat().st_size > 0
     checkpoint = load_checkpoint(learned["path"])
     best = int(np.argmin([r["bc/val_loss"] for r in records])) + 1
-    assert checkpoint.steps["epochs"] == best
-    assert checkpoint.steps["samples"] == 900 * best  # 3 training episodes of 300 steps
-    assert checkpoint.steps["updates"] == 15 * best  # ceil(900 / 64) batches an epoch
+    assert checkpoint.steps["bc/epochs"] == best
+    assert checkpoint.steps["bc/samples"] == 900 * best  # 3 training episodes of 300 steps
+    assert checkpoint.steps["bc/updates"] == 15 * best  # ceil(900 / 64) batches an epoch
 
 
 def test_bc_is_deterministic_on_cpu(tmp_path: Path) -> None:
@@ -421,8 +429,8 @@ def test_bc_is_deterministic_on_cpu(tmp_path: Path) -> None:
     start = small_checkpoint(tmp_path / "start.pt")
     states = []
     for name, seed in (("a", 5), ("b", 5), ("c", 6)):
-        path = train_bc(bc_config(demo, tmp_path / name, start, epochs=2, augment_shift=2,
-                                  seed=seed, val_fraction=0.34))
+        path = run_bc(demo, tmp_path / name, start, epochs=2, augment_shift=2, seed=seed,
+                      val_fraction=0.34)
         states.append(load_checkpoint(path).state_dict)
     a, b, c = states
     assert a.keys() == b.keys() == c.keys()
@@ -458,17 +466,17 @@ def test_stored_split_and_early_stopping_keep_the_best_epoch(tmp_path: Path) -> 
     assert sum(len(a) for _, a in val_set) == 150
 
     start = small_checkpoint(tmp_path / "start.pt")
-    path = train_bc(bc_config(demo, tmp_path / "run", start, epochs=12, patience=2,
-                              lr_schedule="constant", val_fraction=0.5))
+    path = run_bc(demo, tmp_path / "run", start, epochs=12, patience=2,
+                  lr_schedule="constant", val_fraction=0.5)
     records = read_metrics(tmp_path / "run" / "bc_metrics.jsonl")
     checkpoint = load_checkpoint(path)
     val_losses = [r["bc/val_loss"] for r in records]
     best = int(np.argmin(val_losses)) + 1
-    assert checkpoint.steps["epochs"] == best
+    assert checkpoint.steps["bc/epochs"] == best
     assert len(records) < 12, "training did not stop early"
     assert len(records) == best + 2  # patience 2: two epochs without improvement, then stop
     assert all(v >= val_losses[best - 1] for v in val_losses[best:])
-    assert checkpoint.steps["samples"] == 750 * best  # 3 training episodes of 250 steps
+    assert checkpoint.steps["bc/samples"] == 750 * best  # 3 training episodes of 250 steps
     assert checkpoint.extra["metrics"]["bc/val_loss"] == pytest.approx(val_losses[best - 1])
     # the train accuracy climbs while the (rotated) validation accuracy collapses: proof
     # that the stored valid episode, not a random one, was held out
@@ -553,8 +561,8 @@ def test_bc_never_trains_on_forbidden_actions(tmp_path: Path) -> None:
     spec = EnvSpec(game="pong", screen_size=42, forbidden_actions=("FIRE",))
     demo = visible_demo(tmp_path / "fire.h5", lengths=(200, 200), spec=spec, forbidden_every=4)
     start = small_checkpoint(tmp_path / "start.pt", spec)
-    path = train_bc(bc_config(demo, tmp_path / "run", start, epochs=1, val_fraction=0.5,
-                              class_balance=True, label_smoothing=0.1))
+    path = run_bc(demo, tmp_path / "run", start, epochs=1, val_fraction=0.5,
+                  class_balance=True, label_smoothing=0.1)
     record = read_metrics(tmp_path / "run" / "bc_metrics.jsonl")[0]
     # A forbidden target would cost -log(0) ≈ 3e38 under the masked softmax.
     assert record["bc/train_loss"] < 5 and record["bc/val_loss"] < 5
@@ -567,16 +575,16 @@ def test_bc_never_trains_on_forbidden_actions(tmp_path: Path) -> None:
     episodes.append(visible_episode(rng, 20, spec=spec, forbidden_every=1))
     split = write_demo(tmp_path / "split.h5", episodes, spec)
     write_split(split, ["demo_0", "demo_1"], ["demo_2"])
-    path = train_bc(bc_config(split, tmp_path / "run3", start, epochs=3, patience=1))
+    path = run_bc(split, tmp_path / "run3", start, epochs=3, patience=1)
     records = read_metrics(tmp_path / "run3" / "bc_metrics.jsonl")
     assert len(records) == 3 and all("bc/val_loss" not in r for r in records)
-    assert load_checkpoint(path).steps["epochs"] == 3
+    assert load_checkpoint(path).steps["bc/epochs"] == 3
 
     only_fire = write_demo(tmp_path / "only_fire.h5",
                            [visible_episode(np.random.default_rng(0), 8, spec=spec,
                                             forbidden_every=1)], spec)
     with pytest.raises(DemoFileError, match="forbidden"):
-        train_bc(bc_config(only_fire, tmp_path / "run2", start, epochs=1))
+        run_bc(only_fire, tmp_path / "run2", start, epochs=1)
 
 
 # -- the CLI -------------------------------------------------------------------------------------
@@ -606,8 +614,15 @@ def test_cli_bc_writes_its_files_and_remembers_the_run(tmp_path: Path, runs_root
         assert (run_dir / name).stat().st_size > 0, name
     assert (runs_root / ".last-run").read_text().strip() == str(run_dir.resolve())
     checkpoint = load_checkpoint(run_dir / "bc.pt")
-    assert checkpoint.stage == "bc" and checkpoint.steps["epochs"] == 1
-    assert checkpoint.config["demos"] == [str(demo)] and checkpoint.config["lr"] == 1e-3
+    assert checkpoint.stage == "bc" and checkpoint.steps["bc/epochs"] == 1
+    assert checkpoint.config["lr"] == 1e-3
+    # The demo file and the start checkpoint are the lineage's, not the config's.
+    assert "demos" not in checkpoint.config and "checkpoint" not in checkpoint.config
+    assert [link["stage"] for link in checkpoint.lineage] == ["scratch", "bc"]
+    assert checkpoint.lineage[-1]["inputs"] == [{"path": str(demo.resolve()),
+                                                 "sha256": sha256_file(demo)}]
+    assert lineage_inputs(checkpoint, "bc") == [str(demo.resolve())]
+    assert checkpoint.lineage[-1]["config"]["lr"] == 1e-3
     assert EnvSpec.from_dict(checkpoint.env_spec) == SPEC.for_evaluation()
     record = json.loads((run_dir / "bc_metrics.jsonl").read_text().splitlines()[0])
     assert record["epoch"] == 1
@@ -622,7 +637,7 @@ def test_cli_bc_defaults_to_the_games_run_dir(tmp_path: Path, runs_root: Path) -
     assert result.exit_code == 0, result.output
     assert (runs_root / "pong" / "bc.pt").exists()
     assert (runs_root / ".last-run").read_text().strip() == str((runs_root / "pong").resolve())
-    assert "no validation split" in result.output  # a single episode cannot be split
+    assert "no validation episodes" in result.output  # a single episode cannot be split
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
@@ -652,7 +667,7 @@ def test_cli_bc_demo_files_with_different_specs(tmp_path: Path) -> None:
     line = _one_error_line(result.output)
     assert "different env specs" in line and str(a) in line and str(b) in line
     with pytest.raises(DemoFileError, match="different env specs"):
-        train_bc(bc_config(a, tmp_path / "run", start, demos=(str(a), str(b))))
+        run_bc(a, tmp_path / "run", start, demos=(a, b))
 
 
 def test_cli_bc_start_checkpoint_for_another_spec(tmp_path: Path) -> None:
@@ -660,7 +675,7 @@ def test_cli_bc_start_checkpoint_for_another_spec(tmp_path: Path) -> None:
     start = small_checkpoint(tmp_path / "start.pt", EnvSpec(game="pong", screen_size=84))
     result = CliRunner().invoke(cli, _bc_args(demo, tmp_path / "run", start))
     assert result.exit_code != 0
-    assert "another env spec" in _one_error_line(result.output)
+    assert "different env specs" in _one_error_line(result.output)
 
 
 def test_cli_bc_nan_loss_stops_and_keeps_the_previous_bc_pt(tmp_path: Path) -> None:
@@ -679,7 +694,7 @@ def test_cli_bc_nan_loss_stops_and_keeps_the_previous_bc_pt(tmp_path: Path) -> N
     kept = load_checkpoint(run_dir / "bc.pt").state_dict  # still loadable, and untouched
     assert all(torch.equal(previous[k], kept[k]) for k in previous)
     with pytest.raises(OakEmuError, match="BC loss became"):
-        train_bc(bc_config(demo, run_dir, start, lr=1e30, lr_schedule="constant"))
+        run_bc(demo, run_dir, start, lr=1e30, lr_schedule="constant")
     # In a real terminal nothing but that line reaches stderr (no Python warning either).
     proc = subprocess.run([sys.executable, "-m", "oakemu_rl", *args], capture_output=True,
                           text=True, check=False, env=os.environ | {"OMP_NUM_THREADS": "1"},

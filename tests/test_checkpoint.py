@@ -16,8 +16,10 @@ from click.testing import CliRunner
 
 from oakemu_rl import PPOModel, PPOModelConfiguration
 from oakemu_rl.checkpoint import (
+    FORMAT,
     SCHEMA_VERSION,
     Checkpoint,
+    lineage_inputs,
     load_checkpoint,
     load_model,
     plain_state_dict,
@@ -27,6 +29,7 @@ from oakemu_rl.checkpoint import (
 from oakemu_rl.cli import cli
 from oakemu_rl.envs import EnvSpec
 from oakemu_rl.errors import CheckpointError
+from oakemu_rl.fsutil import sha256_file
 
 MEANINGS = ["NOOP", "FIRE", "RIGHT", "LEFT", "RIGHTFIRE", "LEFTFIRE"]
 SMALL = PPOModelConfiguration(conv_layers=((8, 8, 4), (16, 4, 2)), fc_hidden=(32,))
@@ -63,8 +66,11 @@ def test_round_trip_rebuilds_the_same_model(saved: Path) -> None:
     assert loaded.action_mask == [True, False, True, True, True, True]
     assert loaded.env_spec == original.env_spec
     assert EnvSpec.from_dict(loaded.env_spec) == EnvSpec(game="pong", forbidden_actions=("FIRE",))
-    assert loaded.steps == {"epochs": 3, "samples": 1200}
+    assert loaded.steps == {"bc/epochs": 3, "bc/samples": 1200}
     assert loaded.config == {"lr": 3e-4, "batch_size": 64, "augment": True}
+    assert loaded.lineage == [{"stage": "bc", "config": {"lr": 3e-4, "batch_size": 64,
+                                                          "augment": True},
+                               "steps": {"bc/epochs": 3, "bc/samples": 1200}, "inputs": []}]
     assert loaded.schema_version == SCHEMA_VERSION
     assert torch.equal(loaded.extra["optimizer"]["step"], torch.tensor(5.0))
     model = load_model(saved)
@@ -146,7 +152,7 @@ def test_info_prints_metadata(saved: Path) -> None:
     code, output = run_info(saved)
     assert code == 0, output
     assert re.search(r"^stage +bc$", output, re.M)
-    assert "epochs=3" in output and "samples=1,200" in output
+    assert re.search(r"^steps +bc/epochs=3, bc/samples=1,200$", output, re.M)
     assert "ALE/Pong-v5" in output
     assert "6 (5 allowed: NOOP, RIGHT, LEFT, RIGHTFIRE, LEFTFIRE)" in output
     params = sum(t.numel() for t in make_checkpoint().state_dict.values())
@@ -280,3 +286,135 @@ def test_plain_state_dict_is_nchw_copy_of_a_channels_last_model() -> None:
     assert torch.equal(weight, model.conv[0].weight)
     weight.add_(1.0)  # a copy: the model is untouched
     assert not torch.equal(weight, model.conv[0].weight)
+
+
+# -- schema 1 and the lineage -----------------------------------------------------------------
+
+
+def schema1_payload(stage: str, steps: dict[str, int]) -> dict:
+    """A checkpoint as schema 1 wrote it: no lineage, stage-less step names."""
+    torch.manual_seed(0)
+    spec = EnvSpec(game="pong")
+    model = PPOModel(spec.observation_shape, len(MEANINGS), SMALL)
+    return {
+        "format": FORMAT,
+        "schema_version": 1,
+        "package_version": "0.1.0",
+        "created_at": "2026-01-02T03:04:05+00:00",
+        "stage": stage,
+        "model": plain_state_dict(model),
+        "model_config": SMALL.to_dict(),
+        "observation_shape": [4, 84, 84],
+        "action_count": len(MEANINGS),
+        "action_meanings": list(MEANINGS),
+        "action_mask": [True] * len(MEANINGS),
+        "env_spec": spec.to_dict(),
+        "steps": steps,
+        "config": {"lr": 3e-4},
+        "extra": {},
+    }
+
+
+@pytest.mark.parametrize(("stage", "steps", "renamed"), [
+    ("bc", {"epochs": 2, "updates": 10, "samples": 640},
+     {"bc/epochs": 2, "bc/updates": 10, "bc/samples": 640}),
+    ("calibrate", {"epochs": 2, "updates": 10, "samples": 640, "calibrate_env_steps": 256,
+                   "calibrate_iterations": 3},
+     {"bc/epochs": 2, "bc/updates": 10, "bc/samples": 640, "calibrate/env_steps": 256,
+      "calibrate/iterations": 3}),
+    # In a schema-1 PPO file `updates` was PPO's own count (it overwrote BC's).
+    ("ppo", {"epochs": 2, "samples": 640, "updates": 5, "global_step": 640},
+     {"bc/epochs": 2, "bc/samples": 640, "ppo/updates": 5, "ppo/global_step": 640}),
+])
+def test_a_schema_1_file_loads_with_renamed_steps_and_one_link(tmp_path: Path, stage: str,
+                                                               steps: dict, renamed: dict
+                                                               ) -> None:
+    path = tmp_path / "old.pt"
+    payload = schema1_payload(stage, steps)
+    torch.save(payload, path)
+    loaded = load_checkpoint(path)
+    assert loaded.schema_version == 1 and loaded.stage == stage
+    assert loaded.steps == renamed
+    assert loaded.lineage == [{"stage": stage, "config": {"lr": 3e-4}, "steps": renamed,
+                               "inputs": []}]
+    assert lineage_inputs(loaded, stage) == []
+    for name, tensor in payload["model"].items():
+        assert torch.equal(loaded.state_dict[name], tensor)
+    code, output = run_info(path)
+    assert code == 0, output
+    assert re.search(rf"^lineage +1\. {stage}: .*; from no input files recorded$", output, re.M)
+    assert "(schema 1)" in output
+
+
+@pytest.mark.parametrize("damage", [
+    lambda lineage: lineage[0]["inputs"].append("demos.h5"),  # an input that is a string
+    lambda lineage: lineage[0]["inputs"].append({"path": "demos.h5"}),  # no sha256
+    lambda lineage: lineage[0].pop("stage"),
+    lambda lineage: lineage[0]["steps"].update({"bc/epochs": "3"}),
+    lambda lineage: lineage.append("bc"),
+], ids=["input-string", "input-without-sha256", "no-stage", "string-steps", "link-string"])
+def test_a_malformed_lineage_is_refused(tmp_path: Path, damage) -> None:
+    path = tmp_path / "lineage.pt"
+    payload = make_checkpoint().to_payload()
+    assert payload["schema_version"] == 2
+    torch.save(payload, path)
+    load_checkpoint(path)  # well formed, it loads
+    damage(payload["lineage"])
+    torch.save(payload, path)
+    assert_clear_error(path, "its 'lineage' is malformed")
+
+
+def test_a_schema_2_file_without_a_lineage_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "nolineage.pt"
+    payload = make_checkpoint().to_payload()
+    del payload["lineage"]
+    torch.save(payload, path)
+    assert_clear_error(path, "has no 'lineage' entry")
+    payload["lineage"] = {"stage": "bc"}
+    torch.save(payload, path)
+    assert_clear_error(path, "its 'lineage' entry is malformed")
+
+
+def test_steps_and_lineage_accumulate_and_info_prints_them(tmp_path: Path) -> None:
+    demos = tmp_path / "demos.h5"
+    demos.write_bytes(b"demo frames")
+    extra = tmp_path / "more.h5"
+    extra.write_bytes(b"more frames")
+    torch.manual_seed(0)
+    model = PPOModel((4, 84, 84), len(MEANINGS), SMALL)
+    common = dict(action_meanings=MEANINGS, action_mask=[True] * len(MEANINGS),
+                  env_spec=EnvSpec(game="pong").to_dict())
+    bc = Checkpoint.from_model(model, stage="bc", steps={"epochs": 3, "samples": 1200},
+                               config={"lr": 3e-4}, inputs=[demos], **common)
+    calibrated = Checkpoint.from_model(model, stage="calibrate", parent=bc,
+                                       steps={"env_steps": 4096, "iterations": 2},
+                                       inputs=[demos, extra], **common)
+    path = save_checkpoint(tmp_path / "calibrated.pt", calibrated)
+    loaded = load_checkpoint(path)
+    assert loaded.steps == {"bc/epochs": 3, "bc/samples": 1200, "calibrate/env_steps": 4096,
+                            "calibrate/iterations": 2}
+    assert [link["stage"] for link in loaded.lineage] == ["bc", "calibrate"]
+    assert loaded.lineage[0]["steps"] == {"bc/epochs": 3, "bc/samples": 1200}
+    assert loaded.lineage[0]["config"] == {"lr": 3e-4}
+    assert loaded.lineage[0]["inputs"] == [{"path": str(demos.resolve()),
+                                            "sha256": sha256_file(demos)}]
+    assert lineage_inputs(loaded, "bc") == [str(demos.resolve())]
+    assert lineage_inputs(loaded, "calibrate") == [str(demos.resolve()), str(extra.resolve())]
+    assert lineage_inputs(loaded, "ppo") == []
+
+    code, output = run_info(path)
+    assert code == 0, output
+    lines = output.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("lineage "))
+    assert re.fullmatch(
+        rf"lineage +1\. bc: bc/epochs=3, bc/samples=1,200; from {re.escape(str(demos.resolve()))}"
+        rf" \(sha256 {sha256_file(demos)[:12]}\)", lines[first]), lines[first]
+    assert re.fullmatch(
+        rf" +2\. calibrate: calibrate/env_steps=4,096, calibrate/iterations=2; from "
+        rf"{re.escape(str(demos.resolve()))} \(sha256 {sha256_file(demos)[:12]}\), "
+        rf"{re.escape(str(extra.resolve()))} \(sha256 {sha256_file(extra)[:12]}\)",
+        lines[first + 1]), lines[first + 1]
+    assert len(lines) == first + 2
+    meta = json.loads(CliRunner().invoke(cli, ["info", "--json", str(path)]).output)
+    assert meta["lineage"] == [{"stage": link["stage"], "steps": link["steps"],
+                                "inputs": link["inputs"]} for link in loaded.lineage]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from oakemu_rl import __version__
@@ -58,3 +60,44 @@ def test_every_stage_has_help() -> None:
         result = CliRunner().invoke(cli, [*args, "--help"])
         assert result.exit_code == 0, args
         assert "Usage: " in result.output and "--help" in result.output
+
+
+ENV_OPTIONS = [
+    (["--sticky", "0"], "--sticky"),
+    (["--sticky", "0.25"], "--sticky"),  # typed, even at the default value
+    (["--game", "breakout"], "--game"),
+    (["--noop-max", "0"], "--noop-max"),
+    (["--full-action-space"], "--full-action-space"),
+    (["--forbid", "FIRE"], "--forbid"),
+]
+
+
+@pytest.mark.parametrize(("option", "flag"), ENV_OPTIONS,
+                         ids=[" ".join(option) for option, _ in ENV_OPTIONS])
+def test_env_options_are_refused_beside_a_checkpoint(checkpoint_file, tmp_path, option,
+                                                     flag) -> None:
+    """A checkpoint plays the env spec it was trained on: an env option would be ignored."""
+    checkpoint = checkpoint_file()
+    video = tmp_path / "first.gif"
+    for args in (["test", str(checkpoint), *option],
+                 ["test", str(checkpoint), "--demonstrator", "scripted", "--video", str(video),
+                  *option],
+                 ["test", "--onnx", str(tmp_path / "policy.onnx"), *option]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code != 0, (args, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in result.output, result.output
+        # the flag the user typed, as `oakemu test --help` spells it
+        assert lines[0].startswith(f"Error: {flag} does not apply to a checkpoint"), lines[0]
+        assert not video.exists()  # refused before any game was played
+
+
+def test_env_options_choose_the_scripted_demonstrators_game() -> None:
+    result = CliRunner().invoke(cli, ["test", "--demonstrator", "scripted", "--sticky", "0",
+                                      "--episodes", "1", "--max-steps", "20", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["scripted"]["lengths"] == [20]
+    result = CliRunner().invoke(cli, ["test", "--demonstrator", "scripted", "--sticky", "0",
+                                      "--episodes", "1", "--max-steps", "20"])
+    assert result.exit_code == 0, result.output
+    assert "ALE/Pong-v5, greedy, 1 episode(s), seed 0" in result.stdout.splitlines()

@@ -14,6 +14,9 @@ import torch
 from click.testing import CliRunner
 
 from oakemu_rl import PPOModel, PPOModelConfiguration
+from oakemu_rl.agents.play import AgentActionError
+from oakemu_rl.agents.recording import RecordConfig, record
+from oakemu_rl.agents.scripted import make_demonstrator
 from oakemu_rl.checkpoint import Checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
 from oakemu_rl.demos import DemoFile, validate_demo_file
@@ -196,3 +199,73 @@ def test_export_onnx_then_play_it(checkpoint: Path, tmp_path: Path) -> None:
     # The same greedy policy through torch and through onnxruntime plays the same game.
     assert scores["onnx"]["scores"] == scores["checkpoint"]["scores"]
     assert scores["onnx"]["lengths"] == [25]
+
+
+# -- an agent's bad action ends the recording in one line ---------------------------------
+
+
+NO_FIRE = EnvSpec(game="pong", forbidden_actions=("FIRE",))
+
+
+class BadActionAgent:
+    """Plays NOOP, but returns `bad` at step `at` of episode `episode` (from 1)."""
+
+    def __init__(self, bad, *, episode: int = 1, at: int = 3, kind: str = "scripted") -> None:
+        self.bad, self.bad_episode, self.at, self.kind = bad, episode, at, kind
+        self.episode = self.step = 0
+
+    def reset(self, env, seed: int) -> None:
+        self.episode += 1
+        self.step = 0
+
+    def act(self, env, observation) -> int:
+        self.step += 1
+        if self.episode == self.bad_episode and self.step == self.at:
+            return self.bad
+        return 0
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (1, "the scripted agent chose the forbidden action FIRE (1); the action mask allows only "
+        "NOOP, RIGHT, LEFT, RIGHTFIRE, LEFTFIRE"),
+    (6, "the scripted agent returned action 6, but the game has actions 0..5"),
+    (-1, "the scripted agent returned action -1, but the game has actions 0..5"),
+    (2.0, "the scripted agent returned 2.0, which is not an action index"),
+])
+def test_record_refuses_a_bad_action_with_an_agent_action_error(tmp_path: Path, bad,
+                                                                message: str) -> None:
+    out = tmp_path / "bad.h5"
+    config = RecordConfig(out=out, spec=NO_FIRE, episodes=2, max_steps=10, progress=False)
+    with pytest.raises(AgentActionError) as raised:
+        record(config, BadActionAgent(bad, episode=2))
+    assert str(raised.value) == message
+    with DemoFile(out) as demo:  # the episode before it was committed, and only that one
+        assert [e.length for e in demo.episodes] == [10]
+
+
+def test_record_refuses_a_drivers_bad_action(tmp_path: Path) -> None:
+    config = RecordConfig(out=tmp_path / "driven.h5", spec=NO_FIRE, episodes=1, max_steps=10,
+                          progress=False)
+    labeller = make_demonstrator(NO_FIRE.for_evaluation(), style="follow")
+    with pytest.raises(AgentActionError, match=r"^the policy agent chose the forbidden action "
+                                               r"FIRE \(1\)"):
+        record(config, labeller, BadActionAgent(1, kind="policy"))
+
+
+def test_cli_record_ends_a_bad_action_in_one_error_line(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("oakemu_rl.agents.recording.make_demonstrator",
+                        lambda spec, **_: BadActionAgent(1, episode=2))
+    out = tmp_path / "bad.h5"
+    result = invoke("record", "--demonstrator", "scripted", "--forbid", "FIRE", "--episodes",
+                    "3", "--max-steps", "10", "--out", str(out))
+    assert result.exit_code != 0
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    assert result.output.strip().splitlines()[-1:] == [
+        "Error: the scripted agent chose the forbidden action FIRE (1); the action mask allows "
+        "only NOOP, RIGHT, LEFT, RIGHTFIRE, LEFTFIRE"], result.output
+    assert [line for line in result.output.splitlines() if line.startswith("Error")] == \
+        result.output.strip().splitlines()[-1:]
+    with DemoFile(out) as demo:
+        assert [e.length for e in demo.episodes] == [10]

@@ -32,6 +32,9 @@ import numpy as np
 import pytest
 
 import oakemu_rl
+from oakemu_rl.agents import DiscardEpisode, StopRecording
+from oakemu_rl.agents.play import AgentActionError
+from oakemu_rl.agents.recording import RecordConfig, record
 from oakemu_rl.demos import (
     DemoFile,
     DemoWriter,
@@ -41,7 +44,6 @@ from oakemu_rl.demos import (
     stack_frames,
     validate_demo_file,
 )
-from oakemu_rl.demos.record import DiscardEpisode, RecordConfig, StopRecording, record
 from oakemu_rl.envs import EnvSpec, action_meanings
 from oakemu_rl.errors import DemoFileError, OakEmuError
 
@@ -423,7 +425,7 @@ def test_episode_buffer():
 def test_record_refuses_a_forbidden_action(tmp_path):
     path = tmp_path / "pong.h5"
     spec = EnvSpec(forbidden_actions=("FIRE",))
-    with pytest.raises(ValueError, match="forbidden action FIRE"):
+    with pytest.raises(AgentActionError, match="forbidden action FIRE"):
         record_random(path, spec, episodes=1, agent=RandomAgent(allowed=[1]))
     with DemoFile(path) as demo:
         assert demo.episodes == []
@@ -490,7 +492,7 @@ def test_relabelling_refuses_a_forbidden_driver_action(tmp_path):
     spec = EnvSpec(forbidden_actions=("FIRE",))
     config = RecordConfig(out=tmp_path / "r.h5", spec=spec, episodes=1, max_steps=5,
                           progress=False)
-    with pytest.raises(ValueError, match="forbidden action FIRE"):
+    with pytest.raises(AgentActionError, match="forbidden action FIRE"):
         record(config, RandomAgent([0, 2]), RandomAgent(allowed=[1]))
     with DemoFile(config.out) as demo:
         assert demo.episodes == []
@@ -802,7 +804,7 @@ _RECORDER = r"""
 import sys
 from pathlib import Path
 import numpy as np
-from oakemu_rl.demos.record import RecordConfig, record
+from oakemu_rl.agents.recording import RecordConfig, record
 from oakemu_rl.envs import EnvSpec
 
 class RandomAgent:

@@ -13,19 +13,14 @@ import torch
 
 from oakemu_rl import __version__
 from oakemu_rl import export as export_module
+from oakemu_rl.agents import load_policy_agent
+from oakemu_rl.agents.onnx import FORMAT, OnnxPolicyAgent, default_threads, load_onnx_agent
 from oakemu_rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
 from oakemu_rl.errors import CheckpointError, ConfigError, OakEmuError
-from oakemu_rl.export import (
-    FORMAT,
-    ExportReport,
-    OnnxPolicyAgent,
-    collect_observations,
-    export_onnx,
-    load_onnx_agent,
-)
+from oakemu_rl.export import ExportReport, collect_observations, export_onnx
 from oakemu_rl.model import PPOModel, PPOModelConfiguration
-from oakemu_rl.tester import EvalConfig, evaluate, load_policy_agent
+from oakemu_rl.tester import EvalConfig, evaluate
 
 FIRE = 1  # Pong's minimal actions: NOOP, FIRE, RIGHT, LEFT, RIGHTFIRE, LEFTFIRE
 
@@ -64,7 +59,7 @@ def _save(path: Path, spec: EnvSpec, config: PPOModelConfiguration = SMALL,
         action_meanings=meanings,
         action_mask=action_mask(spec).tolist(),
         env_spec=spec.to_dict(),
-        steps={"bc": 123},
+        steps={"epochs": 123},
     )
     return save_checkpoint(path, checkpoint)
 
@@ -137,7 +132,7 @@ def test_metadata_carries_meanings_mask_spec(pong_export: tuple[Path, Path, Expo
     assert EnvSpec.from_json(meta["env_spec"]) == EnvSpec.from_dict(checkpoint.env_spec)
     assert json.loads(meta["observation_shape"]) == [4, 84, 84]
     assert meta["stage"] == "bc"
-    assert json.loads(meta["steps"]) == {"bc": 123}
+    assert json.loads(meta["steps"]) == {"bc/epochs": 123}
     assert meta["package_version"] == __version__
     assert PPOModelConfiguration.from_dict(json.loads(meta["model_config"])) == SMALL
     assert len(meta["checkpoint_sha256"]) == 64
@@ -201,10 +196,10 @@ def test_onnx_agent_plays_like_the_torch_agent(
     torch_agent, torch_spec = load_policy_agent(checkpoint_path, device="cpu")
     assert torch_spec == spec
 
-    config = EvalConfig(episodes=1, max_steps=50, seed=11, progress=False)
+    config = EvalConfig(episodes=1, max_steps=50, seed=11)
     played_onnx, played_torch = Recording(onnx_agent), Recording(torch_agent)
-    result_onnx = evaluate(played_onnx, spec, config)
-    result_torch = evaluate(played_torch, spec, config)
+    result_onnx = evaluate(played_onnx, spec, config, progress=False)
+    result_torch = evaluate(played_torch, spec, config, progress=False)
     assert len(played_onnx.actions) == 50
     assert played_onnx.actions == played_torch.actions
     assert len(set(played_onnx.actions)) >= 2  # the comparison is not of a constant policy
@@ -217,7 +212,7 @@ def test_session_threads_suit_a_small_machine(
 ) -> None:
     agent, _ = load_onnx_agent(pong_export[1])
     threads = agent.session.get_session_options().intra_op_num_threads
-    assert 1 <= threads <= 4 and threads == export_module.default_threads()
+    assert 1 <= threads <= 4 and threads == default_threads()
     assert load_onnx_agent(pong_export[1], threads=1)[0].session \
         .get_session_options().intra_op_num_threads == 1
 
@@ -236,7 +231,7 @@ def test_the_mask_is_respected(tmp_path: Path) -> None:
     assert agent.mask.tolist() == [True, False, True, True, True, True]
     assert loaded_spec.forbidden_actions == ("FIRE",)
     recording = Recording(agent)
-    evaluate(recording, loaded_spec, EvalConfig(episodes=1, max_steps=40, progress=False))
+    evaluate(recording, loaded_spec, EvalConfig(episodes=1, max_steps=40), progress=False)
     assert len(recording.actions) == 40 and FIRE not in recording.actions
     observations = collect_observations(spec, 8, seed=2)
     assert (agent.logits(observations).argmax(-1) == FIRE).all()  # the bias is in the graph

@@ -21,10 +21,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from oakemu_rl.agents.recording import RecordConfig, record
+from oakemu_rl.agents.scripted import make_demonstrator
 from oakemu_rl.checkpoint import Checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
-from oakemu_rl.demos.record import RecordConfig, record
-from oakemu_rl.demos.scripted import make_demonstrator
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
 from oakemu_rl.export import export_onnx
 from oakemu_rl.model import ARCHITECTURES, PPOModel

@@ -13,14 +13,14 @@ import pytest
 
 pygame = pytest.importorskip("pygame")
 
-from oakemu_rl.demos import validate_demo_file  # noqa: E402
-from oakemu_rl.demos.keyboard import (  # noqa: E402
+from oakemu_rl.agents.keyboard import (  # noqa: E402
     KeyboardAgent,
     _key_table,
     check_display,
     key_map_text,
 )
-from oakemu_rl.demos.record import RecordConfig, record  # noqa: E402
+from oakemu_rl.agents.recording import RecordConfig, record  # noqa: E402
+from oakemu_rl.demos import validate_demo_file  # noqa: E402
 from oakemu_rl.envs import EnvSpec  # noqa: E402
 from oakemu_rl.envs.ale import action_meanings  # noqa: E402
 from oakemu_rl.errors import OakEmuError  # noqa: E402

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from oakemu_rl.finetune.ppo import PPOConfig
+
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "learning_results.py"
 _spec = importlib.util.spec_from_file_location("learning_results", _PATH)
 learning_results = importlib.util.module_from_spec(_spec)
@@ -24,7 +26,7 @@ def _run(arm: str, curve: list[tuple[int, float]], seed: int = 0) -> dict:
 
 def test_early_updates_are_the_evaluations_in_the_first_fifth() -> None:
     args = argparse.Namespace(eval_every=8, steps=200_000)
-    pipeline = SimpleNamespace(ppo={"num_envs": 8, "num_steps": 128})
+    pipeline = SimpleNamespace(ppo=PPOConfig(num_envs=8, num_steps=128))
     # 1,024 steps an update: updates 8..32 end at or before step 40,000, update 40 after it.
     assert learning_results._early_updates(args, pipeline) == [8, 16, 24, 32]
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from oakemu_rl.agents import SEED_MAX
 from oakemu_rl.checkpoint import Checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
 from oakemu_rl.model import ARCHITECTURES, PPOModel
+from oakemu_rl.runtime import SEED_MAX
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +86,12 @@ CASES = [
     (["bootstrap", "bc", "demos.h5"], ["--seed", "-1"], "--seed"),
     (["bootstrap", "bc", "demos.h5"], ["--architecture", "huge"], "--architecture"),
     (["bootstrap", "bc", "demos.h5"], ["--lr-schedule", "sawtooth"], "--lr-schedule"),
+    (["bootstrap", "bc", "demos.h5"], ["--relabel-episodes", "-1"], "--relabel-episodes"),
+    (["bootstrap", "bc", "demos.h5"], ["--relabel-rounds", "0"], "--relabel-rounds"),
+    (["bootstrap", "bc", "demos.h5"], ["--relabel-epochs", "0"], "--relabel-epochs"),
+    (["bootstrap", "bc", "demos.h5"], ["--relabel-epochs", "2", "--relabel-epochs", "3"],
+     "--relabel-epochs"),
+    (["bootstrap", "bc", "demos.h5"], ["--relabel-seed", "-1"], "--relabel-seed"),
     (["bootstrap", "calibrate"], ["--num-envs", "0"], "--num-envs"),
     (["bootstrap", "calibrate"], ["--holdout-envs", "8"], "--holdout-envs"),
     (["bootstrap", "calibrate"], ["--gamma", "2"], "--gamma"),
@@ -126,6 +132,10 @@ def test_stage_errors_give_the_rule_and_the_flag() -> None:
     assert line == "Error: bc option batch_size=0 is out of range: --batch-size must be ≥ 1"
     line = error_line(["finetune", "ppo", "--lr", "inf"])
     assert line == "Error: ppo option lr=inf is out of range: --lr must be a finite number"
+    line = error_line(["bootstrap", "bc", "demos.h5", "--relabel-epochs", "2",
+                       "--relabel-epochs", "3"])
+    assert line == ("Error: bc option relabel_epochs=(2, 3) is out of range: --relabel-epochs "
+                    "must be one number, or a list of relabel_rounds = 1 numbers")
 
 
 def test_the_edge_values_are_accepted(tmp_path: Path) -> None:

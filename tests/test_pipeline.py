@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from oakemu_rl.checkpoint import load_checkpoint, save_checkpoint
+from oakemu_rl.checkpoint import lineage_inputs, load_checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
 from oakemu_rl.demos import DemoFile
 from oakemu_rl.errors import ConfigError
@@ -76,7 +77,7 @@ def test_every_stage_runs_and_reports(finished) -> None:
     for name in ("demos.h5", "bc.pt", "calibrated.pt", "ppo.pt", "test.json", "report.md",
                  "bc_curves.png", "calibration_scatter.png", "pipeline_state.json"):
         assert (run_dir / name).exists(), name
-    assert load_checkpoint(run_dir / "ppo.pt").steps["global_step"] == 64
+    assert load_checkpoint(run_dir / "ppo.pt").steps["ppo/global_step"] == 64
     scores = json.loads((run_dir / "test.json").read_text())
     assert set(scores) == {"bc", "calibrate", "ppo", "demonstrator"}
     assert all(s["lengths"] == [30] for s in scores.values())
@@ -86,6 +87,12 @@ def test_every_stage_runs_and_reports(finished) -> None:
     for line in ("demonstrator", "bc ", "calibrated", "ppo ", "calibration explained variance",
                  "least-squares value head on the BC features", "record", "wall time"):
         assert line in output, line
+    # the summary shows each stage's own steps, by their namespaced names: 60 training
+    # samples (one of the two 60-step games is held out), 2 envs x 16 steps per iteration
+    for row in (r"bc +\d+s +bc/epochs=1, bc/samples=60",
+                r"calibrate +\d+s +calibrate/env_steps=32, calibrate/iterations=1",
+                r"ppo +\d+s +ppo/updates=2, ppo/global_step=64"):
+        assert re.search(rf"^{row}$", output, re.M), (row, output)
     report = (run_dir / "report.md").read_text()
     assert "![BC train/validation curves](bc_curves.png)" in report
     assert "calibration explained variance" in report
@@ -128,14 +135,14 @@ def test_a_changed_setting_reruns_from_that_stage(finished, tmp_path: Path) -> N
     result = run(str(changed), "--run-dir", str(run_dir))
     assert result.exit_code == 0, result.output
     assert result.output.count("(up to date)") == 2  # record and bc only
-    assert load_checkpoint(run_dir / "calibrated.pt").steps["calibrate_iterations"] >= 1
+    assert load_checkpoint(run_dir / "calibrated.pt").steps["calibrate/iterations"] >= 1
 
 
 def test_relabelling_rounds_in_the_bc_stage(finished, tmp_path: Path) -> None:
     _, run_dir, _ = finished
     first = load_checkpoint(run_dir / "bc.pt")
-    relabel = write(tmp_path, TINY.replace("max_steps = 60",
-                                           "max_steps = 60\nrelabel_episodes = 1\n"
+    relabel = write(tmp_path, TINY.replace("[bc]",
+                                           "[bc]\nrelabel_episodes = 1\n"
                                            "relabel_rounds = 2\nrelabel_epochs = [2, 3]", 1))
     relabel_dir = tmp_path / "relabel"
     result = run(str(relabel), "--run-dir", str(relabel_dir))
@@ -145,11 +152,12 @@ def test_relabelling_rounds_in_the_bc_stage(finished, tmp_path: Path) -> None:
             [episode] = demo.episodes
             assert episode.recorder == "relabelled" and episode.seed == seed
     bc = load_checkpoint(relabel_dir / "bc.pt")
-    assert bc.config["checkpoint"] is None  # a fresh model
+    assert [link["stage"] for link in bc.lineage] == ["bc"]  # a fresh model, no parent
     assert len(read_metrics(relabel_dir / "bc_metrics.jsonl")) == 3  # relabel_epochs[1]
-    assert sorted(bc.config["demos"]) == sorted(
-        str(relabel_dir / name) for name in ("demos.h5", "relabelled.h5", "relabelled2.h5"))
-    assert bc.steps["samples"] > first.steps["samples"]  # more frames per epoch
+    assert sorted(lineage_inputs(bc, "bc")) == sorted(
+        str((relabel_dir / name).resolve())
+        for name in ("demos.h5", "relabelled.h5", "relabelled2.h5"))
+    assert bc.steps["bc/samples"] > first.steps["bc/samples"]  # more frames per epoch
     assert len(read_metrics(relabel_dir / "bc_first_metrics.jsonl")) == 1  # bc.epochs
     assert len(read_metrics(relabel_dir / "bc_round1_metrics.jsonl")) == 2  # [0]
     # Changing only the relabelling keeps the recording and redoes bc onwards.
@@ -176,21 +184,26 @@ def test_relabelling_rounds_in_the_bc_stage(finished, tmp_path: Path) -> None:
          "follow)"),
         (('game = "pong"', 'game = "space_invaders"'),
          "no scripted demonstrator for space_invaders: set demos.path"),
-        (("[demos]", "[demos]\nrelabel_episodes = -1"),
-         "demos.relabel_episodes=-1 is out of range"),
-        (("[demos]", "[demos]\nrelabel_rounds = 0"),
-         "demos.relabel_rounds=0 is out of range"),
-        (("[demos]", "[demos]\nrelabel_epochs = [2, 3]"),
-         "demos.relabel_epochs=(2, 3) is out of range: it must be one number, or a list of "
-         "relabel_rounds = 1 numbers"),
-        (("[demos]", "[demos]\nrelabel_epochs = [0]"), "demos.relabel_epochs=(0,) is out of range"),
-        (("[demos]", '[demos]\nrelabel_epochs = "many"'),
-         "demos.relabel_epochs must be an integer or a list of integers, got 'many'"),
+        (("[bc]", "[bc]\nrelabel_episodes = -1"),
+         "bc option relabel_episodes=-1 is out of range: --relabel-episodes must be ≥ 0"),
+        (("[bc]", "[bc]\nrelabel_rounds = 0"),
+         "bc option relabel_rounds=0 is out of range: --relabel-rounds must be ≥ 1"),
+        (("[bc]", "[bc]\nrelabel_epochs = [2, 3]"),
+         "bc option relabel_epochs=(2, 3) is out of range: --relabel-epochs must be one "
+         "number, or a list of relabel_rounds = 1 numbers"),
+        (("[bc]", "[bc]\nrelabel_epochs = [0]"), "bc option relabel_epochs=(0,) is out of range"),
+        (("[bc]", '[bc]\nrelabel_epochs = "many"'),
+         "bc.relabel_epochs must be an integer or a list of integers, got 'many'"),
+        (("[bc]", '[bc]\nrelabel_episodes = 1\nrelabel_style = "fancy"'),
+         "bc.relabel_style='fancy' is not a style of the scripted pong player (styles: "
+         "planner, follow)"),
+        (("[demos]", "[demos]\nrelabel_episodes = 4"),
+         "demos.relabel_episodes has moved: set it as relabel_episodes under [bc]"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path: Path, edit, message) -> None:
     path = write(tmp_path, TINY.replace(*edit, 1))
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_pipeline(path)
     result = run(str(path), "--run-dir", str(tmp_path / "run"))
     assert result.exit_code != 0

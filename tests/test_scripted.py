@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from oakemu_rl.demos.scripted import (
+from oakemu_rl.agents.scripted import (
     SCRIPTED_GAMES,
     SCRIPTED_STYLES,
     BreakoutDemonstrator,
@@ -164,7 +164,7 @@ def test_reset_starts_the_episode_afresh() -> None:
 def test_relabelling_planner_remembers_the_moves_really_played(tmp_path) -> None:
     # The planner predicts its paddle from its recent moves; when another agent drives,
     # record() tells it what was played, so its memory must end with the driver's moves.
-    from oakemu_rl.demos.record import RecordConfig, record
+    from oakemu_rl.agents.recording import RecordConfig, record
 
     spec = EnvSpec(game="pong")
 

@@ -12,21 +12,15 @@ import pytest
 import torch
 from PIL import Image
 
-from oakemu_rl.agents import PolicyAgent
+from oakemu_rl.agents import PolicyAgent, greedy_agent, load_policy_agent
+from oakemu_rl.agents.onnx import OnnxPolicyAgent
+from oakemu_rl.agents.play import AgentActionError, EvalConfig, EvalResult, play_games
 from oakemu_rl.checkpoint import Checkpoint, save_checkpoint
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings, make_env
 from oakemu_rl.errors import CheckpointError, ConfigError
-from oakemu_rl.export import OnnxPolicyAgent, collect_observations
+from oakemu_rl.export import collect_observations
 from oakemu_rl.model import PPOModel
-from oakemu_rl.tester import (
-    AgentActionError,
-    EvalConfig,
-    EvalResult,
-    evaluate,
-    format_table,
-    greedy_agent,
-    load_policy_agent,
-)
+from oakemu_rl.tester import EMULATOR_HZ, evaluate, format_table
 
 FIRE = 1  # Pong's minimal actions: NOOP, FIRE, RIGHT, LEFT, RIGHTFIRE, LEFTFIRE
 
@@ -157,11 +151,11 @@ def test_greedy_engines_play_the_same_actions() -> None:
     with torch.no_grad():  # large weights, logits centred on real frames: choices vary
         torch.nn.init.orthogonal_(model.policy_head.weight, gain=100.0)
         model.policy_head.bias -= model.get_logits(frames).mean(0)
-    config = EvalConfig(episodes=1, max_steps=300, seed=4, progress=False)
+    config = EvalConfig(episodes=1, max_steps=300, seed=4)
     played = {}
     for engine in ("onnx", "torch"):
         recording = Recording(greedy_agent(model, mask, device="cpu", engine=engine))
-        evaluate(recording, spec, config)
+        evaluate(recording, spec, config, progress=False)
         played[engine] = recording.episodes[0]
     counts = sorted(played["torch"].count(a) for a in set(played["torch"]))
     assert len(counts) >= 4 and counts[-2] >= 30  # not a constant policy
@@ -198,24 +192,56 @@ def test_numpy_integer_actions_are_accepted() -> None:
 def test_gif_video_of_the_first_episode(tmp_path: Path) -> None:
     spec = EnvSpec(game="pong")
     video = tmp_path / "videos" / "pong.gif"
-    evaluate(Constant(3), spec, EvalConfig(episodes=2, max_steps=30, seed=4, video=video))
+    result = evaluate(Constant(3), spec, EvalConfig(episodes=2, max_steps=30, seed=4),
+                      video=video)
+    assert result.lengths == [30, 30]  # both games are played, only the first is filmed
     assert _leftovers(video.parent) == []
     with Image.open(video) as gif:
         assert gif.format == "GIF"
         assert gif.n_frames > 1
         assert gif.size == (320, 420)  # 160x210 screen, upscaled 2x
         first = np.asarray(gif.convert("RGB"))
+        # Pillow merges identical neighbouring frames and adds up their delays, so the
+        # total delay counts the frames written: the reset screen and one per step of
+        # the first episode (31), not those of both episodes (62).
+        delays = []
+        for index in range(gif.n_frames):
+            gif.seek(index)
+            delays.append(gif.info["duration"])
+        last = np.asarray(gif.convert("RGB"))
     env = make_env(spec.for_evaluation(), render_mode="rgb_array")
     env.reset(seed=4)
     screen = env.unwrapped.render()
+    for _ in range(30):
+        env.step(3)
+    end_of_first = env.unwrapped.render()
     env.close()
     np.testing.assert_array_equal(first, screen.repeat(2, axis=0).repeat(2, axis=1))
+    np.testing.assert_array_equal(last, end_of_first.repeat(2, axis=0).repeat(2, axis=1))
+    frame_ms = round(100 * spec.frame_skip / EMULATOR_HZ) * 10  # GIF delays: 1/100 s
+    assert sum(delays) == 31 * frame_ms
+
+
+def test_play_games_lets_watch_see_every_reset_and_step() -> None:
+    agent = CrashAfter(100)  # plays NOOP and counts its steps
+    seen: list[tuple[int, int, tuple[int, ...]]] = []
+
+    def watch(episode: int, env: Any) -> None:
+        seen.append((episode, agent.count, env.unwrapped.render().shape))
+
+    result = play_games(agent, EnvSpec(game="pong"), EvalConfig(episodes=2, max_steps=7),
+                        progress=False, watch=watch)
+    assert result.lengths == [7, 7]
+    assert len(seen) == 2 + 14  # one call per reset and one per step
+    screen = (210, 160, 3)
+    assert seen == [(0, n, screen) for n in range(8)] + [(1, n, screen) for n in range(7, 15)]
 
 
 def test_mp4_video(tmp_path: Path) -> None:
     imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
     video = tmp_path / "pong.MP4"
-    evaluate(Constant(2), EnvSpec(game="pong"), EvalConfig(episodes=2, max_steps=25, video=video))
+    evaluate(Constant(2), EnvSpec(game="pong"), EvalConfig(episodes=2, max_steps=25),
+             video=video)
     assert _leftovers(tmp_path) == []
     reader = imageio_ffmpeg.read_frames(str(video))
     meta = next(reader)
@@ -232,8 +258,8 @@ def test_mp4_without_imageio_ffmpeg_is_a_config_error(
     monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # import now fails
     video = tmp_path / "pong.mp4"
     with pytest.raises(ConfigError, match=r"imageio-ffmpeg.*\.gif"):
-        evaluate(Constant(0), EnvSpec(game="pong"), EvalConfig(episodes=1, max_steps=5,
-                                                                video=video))
+        evaluate(Constant(0), EnvSpec(game="pong"), EvalConfig(episodes=1, max_steps=5),
+                 video=video)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -245,15 +271,19 @@ def test_a_crash_leaves_no_half_written_video(tmp_path: Path, suffix: str) -> No
     video.write_bytes(b"previous video")
     with pytest.raises(RuntimeError, match="agent crashed"):
         evaluate(CrashAfter(10), EnvSpec(game="pong"),
-                 EvalConfig(episodes=1, max_steps=30, video=video))
+                 EvalConfig(episodes=1, max_steps=30), video=video)
     assert video.read_bytes() == b"previous video"
     assert _leftovers(tmp_path) == []
 
 
 @pytest.mark.parametrize("name", ["pong.avi", "pong", "pong.gif.txt"])
 def test_bad_video_extension_is_a_config_error(tmp_path: Path, name: str) -> None:
+    agent = CrashAfter(0)  # the path is refused before any game is played
     with pytest.raises(ConfigError, match=r"\.gif or \.mp4"):
-        EvalConfig(video=tmp_path / name)
+        evaluate(agent, EnvSpec(game="pong"), EvalConfig(episodes=1, max_steps=5),
+                 video=tmp_path / name)
+    assert agent.count == 0
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -265,8 +295,8 @@ def test_bad_config_values_are_config_errors(kwargs: dict[str, Any]) -> None:
 
 
 def test_progress_bar_shows_the_last_score(capsys: pytest.CaptureFixture[str]) -> None:
-    evaluate(Constant(0), EnvSpec(game="pong"), EvalConfig(episodes=2, max_steps=5,
-                                                            progress=True))
+    evaluate(Constant(0), EnvSpec(game="pong"), EvalConfig(episodes=2, max_steps=5),
+             progress=True)
     err = capsys.readouterr().err
     assert "2/2" in err and "score=" in err
 
