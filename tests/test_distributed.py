@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from builders import record_scripted, write_checkpoint
+
 from oakemu_rl.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -189,6 +189,9 @@ def test_a_killed_rank_ends_the_run_in_bounded_time_and_resume_continues(
     output = launcher.communicate(timeout=120)[0]
     assert time.monotonic() - killed < 90
     assert launcher.returncode != 0
+    # rank 0 says why it stopped, in one line (torchrun stopped it, or it lost its peer)
+    said = error_lines(output)
+    assert len(said) == 1 and said[0].startswith("Error: rank 0 of 2 "), output
     saved = load_checkpoint(last)  # the last checkpoint is whole
     done = saved.steps["ppo/updates"]
     assert 2 <= done < 200, output

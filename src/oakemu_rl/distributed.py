@@ -93,6 +93,7 @@ def init(device: torch.device) -> tuple[World, torch.device]:
         if name not in os.environ:
             raise ConfigError(f"WORLD_SIZE={world.world_size} is set but {name} is not: start "
                               "the stage with torchrun (it sets the rendezvous address)")
+    _stop_cleanly_on_sigterm(world)
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:
         dist.init_process_group(backend, rank=world.rank, world_size=world.world_size,
@@ -102,6 +103,29 @@ def init(device: torch.device) -> tuple[World, torch.device]:
                           f"ranks at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}: "
                           f"{_first_line(error)}") from None
     return world, device
+
+
+class Stopped(OakEmuError):
+    """This rank was told to stop (SIGTERM): torchrun stops every rank once one fails, and a
+    cluster's scheduler does the same to a cancelled or preempted job."""
+
+
+def _stop_cleanly_on_sigterm(world: World) -> None:
+    """Turn torchrun's SIGTERM into one line and a non-zero exit instead of a silent death,
+    so a rank that outlives a dead one says why it stopped. Only ranks of a multi-process
+    run (started by torchrun, in their own processes) install it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise Stopped(f"rank {world.rank} of {world.world_size} was stopped (SIGTERM: another "
+                      "rank failed, or the job was cancelled); continue from the last "
+                      "checkpoint with the same command and --resume")
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def timeout_seconds() -> float:
@@ -116,8 +140,12 @@ def timeout_seconds() -> float:
 
 
 def _first_line(error: BaseException) -> str:
+    """The gist of a backend's error: its first sentence of the first line."""
     text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
+    if not text:
+        return type(error).__name__
+    line = text.splitlines()[0]
+    return line.split(". This is typically")[0][:300]
 
 
 def lost_peer(world: World, error: BaseException, kept: str) -> OakEmuError:

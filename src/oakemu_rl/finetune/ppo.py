@@ -246,7 +246,10 @@ def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
         except distributed.collective_failures() as error:
             if not world.enabled:
                 raise
-            raise distributed.lost_peer(world, error, trainer.stopped_outcome()) from None
+            kept = (f"the last good checkpoint is {trainer.last_path}; continue from it with "
+                    "the same command and --resume" if trainer.saved
+                    else "no checkpoint was written by this run")
+            raise distributed.lost_peer(world, error, kept) from None
         return trainer.finish()
 
 
