@@ -17,14 +17,14 @@ import torch
 from click.testing import CliRunner
 
 from oakemu_rl.bootstrap.calibrate import CalibrateConfig, calibrate, linear_ceiling
-from oakemu_rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from oakemu_rl.checkpoint import Checkpoint, lineage_inputs, load_checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
 from oakemu_rl.demos import DemoWriter, EpisodeBuffer
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
 from oakemu_rl.errors import ConfigError, DemoFileError
-from oakemu_rl.finetune.rollout import RolloutCollector
 from oakemu_rl.metrics import read_metrics
 from oakemu_rl.model import PPOModel, PPOModelConfiguration
+from oakemu_rl.rl.rollout import RolloutCollector
 
 SPEC = EnvSpec(game="pong", screen_size=42)
 MEANINGS = list(action_meanings("pong"))  # NOOP FIRE RIGHT LEFT RIGHTFIRE LEFTFIRE
@@ -57,10 +57,11 @@ def save_bc(path: Path, model: PPOModel, spec: EnvSpec = SPEC) -> Path:
     return path
 
 
-def run_calibrate(run_dir: Path, **overrides) -> Path:
-    options = dict(run_dir=str(run_dir), num_envs=4, holdout_envs=1, num_steps=64,
-                   iterations=2, device="cpu", progress=False)
-    return calibrate(CalibrateConfig(**(options | overrides)))
+def run_calibrate(run_dir: Path, *, checkpoint: str | None = None, demos: tuple[str, ...] = (),
+                  **overrides) -> Path:
+    options = dict(num_envs=4, holdout_envs=1, num_steps=64, iterations=2)
+    return calibrate(CalibrateConfig(**(options | overrides)), run_dir=str(run_dir),
+                     checkpoint=checkpoint, demos=demos, device="cpu", progress=False)
 
 
 def _assert_policy_kept(bc: dict, calibrated: dict) -> None:
@@ -111,9 +112,9 @@ def test_calibration_changes_only_the_value_head(short_run: dict) -> None:
     _assert_policy_kept(bc.state_dict, calibrated.state_dict)
     assert calibrated.action_meanings == bc.action_meanings
     assert calibrated.action_mask == bc.action_mask and calibrated.env_spec == bc.env_spec
-    assert calibrated.steps["epochs"] == 1  # bc's steps are carried over
-    assert calibrated.steps["calibrate_env_steps"] == 2 * 64 * 4
-    assert calibrated.steps["calibrate_iterations"] == 2
+    assert calibrated.steps["bc/epochs"] == 1  # bc's steps are carried over
+    assert calibrated.steps["calibrate/env_steps"] == 2 * 64 * 4
+    assert calibrated.steps["calibrate/iterations"] == 2
     info = calibrated.extra["calibration"]
     assert len(info["history"]) == 2 and 1 <= info["best_iteration"] <= 2
     assert calibrated.extra["bc"] == {"metrics": {"bc/val_loss": 0.5}}
@@ -298,8 +299,8 @@ def test_cli_calibrate_after_bc_finds_the_last_run(tmp_path: Path, runs_root: Pa
     path = run_dir / "calibrated.pt"
     assert f"wrote {path.resolve()}" in result.output or f"wrote {path}" in result.output
     calibrated = load_checkpoint(path)
-    assert Path(calibrated.config["source"]) == (run_dir / "bc.pt").resolve()
-    assert calibrated.steps["calibrate_env_steps"] == 32 * 4
+    assert lineage_inputs(calibrated, "calibrate") == [str((run_dir / "bc.pt").resolve())]
+    assert calibrated.steps["calibrate/env_steps"] == 32 * 4
     _assert_policy_kept(load_checkpoint(run_dir / "bc.pt").state_dict, calibrated.state_dict)
     assert not (runs_root / "pong").exists()
 
@@ -326,9 +327,9 @@ def test_cli_calibrate_demos_of_another_spec(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, args)
     assert result.exit_code != 0
     line = _one_error_line(result.output)
-    assert "different env spec" in line and str(demo) in line
+    assert "different env specs" in line and str(demo) in line
     assert not (tmp_path / "run" / "calibrated.pt").exists()
-    with pytest.raises(DemoFileError, match="different env spec"):
+    with pytest.raises(DemoFileError, match="different env specs"):
         run_calibrate(tmp_path / "run", checkpoint=str(checkpoint), demos=(str(demo),))
 
 
@@ -360,5 +361,6 @@ def test_calibrate_with_matching_demos(tmp_path: Path, ratio: float) -> None:
                          num_steps=32, iterations=1, demo_ratio=ratio)
     assert path == tmp_path / "out" / "calibrated.pt"
     calibrated = load_checkpoint(path)
-    assert calibrated.config["demos"] == [str(demo)]
+    assert lineage_inputs(calibrated, "calibrate") == [str(checkpoint.resolve()),
+                                                       str(demo.resolve())]
     _assert_policy_kept(load_checkpoint(checkpoint).state_dict, calibrated.state_dict)

@@ -28,11 +28,11 @@ import torch
 from click.testing import CliRunner
 
 from oakemu_rl import fsutil
+from oakemu_rl.agents.recording import RecordConfig, record
+from oakemu_rl.agents.scripted import make_demonstrator
 from oakemu_rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
 from oakemu_rl.demos import validate_demo_file
-from oakemu_rl.demos.record import RecordConfig, record
-from oakemu_rl.demos.scripted import make_demonstrator
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
 from oakemu_rl.errors import OakEmuError
 from oakemu_rl.model import ARCHITECTURES, PPOModel
@@ -141,7 +141,7 @@ def test_bc_stops_on_nan_and_keeps_the_best_epoch(fault, demos, tmp_path, monkey
     failed_with(bc_args(demos[3], run_dir, "--epochs", "3"),
                 f"{what} at epoch 2", f"epoch 1, the best so far, is kept in {saved}")
     kept = load_checkpoint(saved)
-    assert kept.steps["epochs"] == 1
+    assert kept.steps["bc/epochs"] == 1
     assert not temp_files(run_dir)
 
 
@@ -176,7 +176,7 @@ def test_calibrate_stops_on_nan_and_overwrites_nothing(fault, tmp_path, monkeypa
             return nan_gradient(out, out) if detach_features and out.requires_grad else out
 
         monkeypatch.setattr(PPOModel, "get_value", value)
-        phrase = "a value-head gradient became non-finite at iteration 1"
+        phrase = "a value-head gradient became nan at iteration 1"
     failed_with(calibrate_args(run_dir), phrase, "nothing was overwritten")
     assert {p: digest(p) for p in before} == before
     assert not temp_files(run_dir)
@@ -184,12 +184,12 @@ def test_calibrate_stops_on_nan_and_overwrites_nothing(fault, tmp_path, monkeypa
 
 @pytest.mark.parametrize("fault", ["loss", "gradient"])
 def test_ppo_stops_on_nan_keeps_ppo_last_and_resumes(fault, tmp_path, monkeypatch) -> None:
-    import oakemu_rl.finetune.ppo as ppo_module
+    import oakemu_rl.rl.losses as losses_module  # ppo_loss calls value_loss and policy_loss
 
     run_dir = tmp_path / "run"
     tiny_checkpoint(run_dir / "calibrated.pt", stage="calibrate")
     last = run_dir / "ppo_last.pt"
-    real_value_loss, real_policy_loss = ppo_module.value_loss, ppo_module.policy_loss
+    real_value_loss, real_policy_loss = losses_module.value_loss, losses_module.policy_loss
 
     def faulty_value_loss(*args, **kwargs):
         loss = real_value_loss(*args, **kwargs)
@@ -200,28 +200,28 @@ def test_ppo_stops_on_nan_keeps_ppo_last_and_resumes(fault, tmp_path, monkeypatc
         return nan_gradient(loss, ratio) if last.exists() else loss
 
     if fault == "loss":
-        monkeypatch.setattr(ppo_module, "value_loss", faulty_value_loss)
+        monkeypatch.setattr(losses_module, "value_loss", faulty_value_loss)
         phrase = "the PPO loss became nan at update 2"
     else:
-        monkeypatch.setattr(ppo_module, "policy_loss", faulty_policy_loss)
+        monkeypatch.setattr(losses_module, "policy_loss", faulty_policy_loss)
         phrase = "a PPO gradient became nan at update 2"
     failed_with(ppo_args(run_dir), phrase, f"the last good checkpoint is {last}", "--resume")
     kept = load_checkpoint(last)
-    assert kept.steps["updates"] == 1 and kept.steps["global_step"] == 16
+    assert kept.steps["ppo/updates"] == 1 and kept.steps["ppo/global_step"] == 16
     assert not (run_dir / "ppo.pt").exists() and not temp_files(run_dir)
 
     monkeypatch.undo()  # the fault is gone: the run continues from the kept checkpoint
     result = run(ppo_args(run_dir, "--resume"))
     assert result.exit_code == 0, result.output
-    assert load_checkpoint(run_dir / "ppo.pt").steps["global_step"] == 64
+    assert load_checkpoint(run_dir / "ppo.pt").steps["ppo/global_step"] == 64
 
 
 def test_ppo_says_when_nothing_was_saved_yet(tmp_path, monkeypatch) -> None:
-    import oakemu_rl.finetune.ppo as ppo_module
+    import oakemu_rl.rl.losses as losses_module
 
     run_dir = tmp_path / "run"
     tiny_checkpoint(run_dir / "calibrated.pt", stage="calibrate")
-    monkeypatch.setattr(ppo_module, "value_loss", lambda *a, **k: torch.tensor(math.inf))
+    monkeypatch.setattr(losses_module, "value_loss", lambda *a, **k: torch.tensor(math.inf))
     failed_with(ppo_args(run_dir), "the PPO loss became", "at update 1",
                 "no checkpoint was written by this run")
     assert not (run_dir / "ppo_last.pt").exists()
@@ -322,7 +322,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint(demos, tmp_path) -> None:
     with tmpfs(tmp_path / "full", room) as run_dir:
         failed_with(bc_args(demos[1], run_dir, "--epochs", "4"),
                     f"cannot write {run_dir / 'bc.pt'}", "No space left on device")
-        assert load_checkpoint(run_dir / "bc.pt").steps["epochs"] == 1
+        assert load_checkpoint(run_dir / "bc.pt").steps["bc/epochs"] == 1
         assert not temp_files(run_dir)
 
 
@@ -337,11 +337,11 @@ def test_a_full_disk_mid_ppo_keeps_ppo_last_and_resumes(tmp_path) -> None:
         failed_with(ppo_args(run_dir), f"cannot write {run_dir / 'ppo_last.pt'}",
                     "No space left on device")
         kept = load_checkpoint(run_dir / "ppo_last.pt")
-        assert kept.steps["updates"] == 1 and not temp_files(run_dir)
+        assert kept.steps["ppo/updates"] == 1 and not temp_files(run_dir)
         assert _mount("-o", f"remount,size={8 << 20}", str(run_dir)).returncode == 0
         result = run(ppo_args(run_dir, "--resume"))  # room again: training continues
         assert result.exit_code == 0, result.output
-        assert load_checkpoint(run_dir / "ppo.pt").steps["global_step"] == 64
+        assert load_checkpoint(run_dir / "ppo.pt").steps["ppo/global_step"] == 64
 
 
 def test_a_full_disk_while_recording_keeps_every_committed_episode(tmp_path) -> None:

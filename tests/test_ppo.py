@@ -1,9 +1,11 @@
 """Stage three, `oakemu finetune ppo`: the pure loss and schedule pieces against hand-computed
-numbers, then short real runs in the emulator with a tiny model (checkpoints, metrics,
-action mask, critic-first warm-up, --resume, --from-scratch, NaN stop, CLI errors)."""
+numbers, then short real runs in the emulator with a tiny model (checkpoints, lineage,
+metrics, action mask, critic-first warm-up freeze, --resume, --from-scratch, BC loss and its
+demos, NaN stop, CLI errors)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import shutil
@@ -15,24 +17,35 @@ import torch
 from click.testing import CliRunner
 
 from oakemu_rl import PPOModel, PPOModelConfiguration, runs
-from oakemu_rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from oakemu_rl.agents import recording
+from oakemu_rl.agents.scripted import make_demonstrator
+from oakemu_rl.bootstrap.bc import BCConfig, train_bc
+from oakemu_rl.bootstrap.calibrate import CalibrateConfig, calibrate
+from oakemu_rl.checkpoint import Checkpoint, lineage_inputs, load_checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
+from oakemu_rl.demos import DemoWriter, EpisodeBuffer
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
 from oakemu_rl.errors import ConfigError, OakEmuError
-from oakemu_rl.finetune import ppo as ppo_module
 from oakemu_rl.finetune.ppo import (
     PPOConfig,
+    _demo_batches,
     bc_weight,
     finetune_ppo,
     kl_weight,
     lr_at,
+    policy_lr_factor,
+)
+from oakemu_rl.metrics import read_metrics
+from oakemu_rl.rl import losses as losses_module
+from oakemu_rl.rl.losses import (
+    PPOBatch,
+    PPOCoefficients,
     masked_kl,
     policy_loss,
-    policy_lr_factor,
+    ppo_loss,
     value_loss,
 )
-from oakemu_rl.finetune.rollout import RolloutCollector
-from oakemu_rl.metrics import read_metrics
+from oakemu_rl.rl.rollout import RolloutCollector
 
 TINY = PPOModelConfiguration(conv_layers=((8, 8, 4), (16, 4, 2)), fc_hidden=(32,))
 SHARED = ("conv.", "fc.", "policy_head.")
@@ -66,15 +79,20 @@ def write_start(run_dir: Path, model: PPOModel | None = None,
     return save_checkpoint(run_dir / "calibrated.pt", checkpoint)
 
 
-def tiny(run_dir: Path, updates: int, **overrides) -> PPOConfig:
+def tiny(updates: int, **overrides) -> PPOConfig:
     """A PPO config of exactly `updates` updates of 2 envs × 16 steps."""
-    options = dict(run_dir=str(run_dir), num_envs=2, num_steps=16, total_steps=updates * 32,
-                   num_minibatches=2, update_epochs=2, eval_episodes=0, eval_max_steps=10,
-                   checkpoint_every=1, progress=False)
+    options = dict(num_envs=2, num_steps=16, total_steps=updates * 32, num_minibatches=2,
+                   update_epochs=2, eval_episodes=0, eval_max_steps=10, checkpoint_every=1)
     options.update(overrides)
     config = PPOConfig(**options)
     assert config.num_updates == updates
     return config
+
+
+def run_ppo(run_dir: Path, config: PPOConfig, **places) -> Path:
+    """`finetune_ppo` in `run_dir` without a progress bar; `places` are its other keyword
+    arguments (resume, bc_demos, checkpoint)."""
+    return finetune_ppo(config, run_dir=str(run_dir), progress=False, **places)
 
 
 def update_records(run_dir: Path) -> list[dict]:
@@ -87,6 +105,18 @@ def shared_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def value_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if k.startswith("value_head.")}
+
+
+def adam_steps_by_group(last: Checkpoint) -> list[set[float]]:
+    """Per parameter group of ppo_last.pt's Adam (0: trunk and policy, 1: value head), the
+    step counts of its parameters that have state."""
+    optimizer = last.extra["optimizer"]
+    return [{float(optimizer["state"][i]["step"]) for i in group["params"]
+             if i in optimizer["state"]} for group in optimizer["param_groups"]]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 # -- pure pieces --------------------------------------------------------------------------
@@ -159,6 +189,97 @@ def test_masked_kl() -> None:
     assert float(masked_kl(ref, new, torch.ones(3, dtype=torch.bool))) > ln3
 
 
+def _softmax_over(row: list[float], allowed: list[bool]) -> list[float]:
+    """Probabilities of a logit row with the disallowed actions left out (0)."""
+    top = max(x for x, ok in zip(row, allowed, strict=True) if ok)
+    weights = [math.exp(x - top) if ok else 0.0 for x, ok in zip(row, allowed, strict=True)]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def test_ppo_loss_against_hand_computed_numbers() -> None:
+    ln2, ln3 = math.log(2.0), math.log(3.0)
+    allowed = [True, True, False]
+    # allowed probabilities (1/4, 3/4), (2/3, 1/3), (1/2, 1/2); the masked logits are large
+    logit_rows = [[0.0, ln3, 7.0], [ln2, 0.0, 30.0], [0.0, 0.0, 4.0]]
+    actions = [1, 0, 1]
+    # chosen so that the ratios are 1.5 (above 1 + clip), 0.7 (below 1 - clip), 1.05 (inside)
+    ratios = [1.5, 0.7, 1.05]
+    probs = [_softmax_over(row, allowed) for row in logit_rows]
+    new_logp = [math.log(p[a]) for p, a in zip(probs, actions, strict=True)]
+    assert [math.exp(x) for x in new_logp] == pytest.approx([3 / 4, 2 / 3, 1 / 2])
+    old_logp = [lp - math.log(r) for lp, r in zip(new_logp, ratios, strict=True)]
+    advantages = [1.0, -2.0, 0.5]
+    new_values, old_values, returns = [0.5, -1.0, 2.0], [0.0, -0.9, 1.0], [1.0, 0.0, 1.5]
+    ref_rows = [[ln3, 0.0, -5.0], [0.0, 0.0, 9.0], [0.0, 0.0, 0.0]]
+    clip, ent_coef, vf_coef = 0.2, 0.01, 0.5
+
+    def by_hand(adv: list[float], clip_v: bool, kl_w: float) -> dict[str, float]:
+        # clipped surrogate: max(-A r, -A clip(r)) per sample, then the mean
+        surrogate = [max(-a * r, -a * min(max(r, 1 - clip), 1 + clip))
+                     for a, r in zip(adv, ratios, strict=True)]
+        pg = sum(surrogate) / 3
+        # value loss: 0.5 × the larger of the plain and the clipped squared errors
+        errors = []
+        for new, old, ret in zip(new_values, old_values, returns, strict=True):
+            plain = (new - ret) ** 2
+            clipped = (old + min(max(new - old, -clip), clip) - ret) ** 2
+            errors.append(max(plain, clipped) if clip_v else plain)
+        v = 0.5 * sum(errors) / 3
+        # entropy over the allowed actions only
+        ent = sum(-sum(q * math.log(q) for q in p if q > 0) for p in probs) / 3
+        out = {"pg": pg, "v": v, "ent": ent, "loss": pg - ent_coef * ent + vf_coef * v}
+        if kl_w > 0:
+            kls = []
+            for ref_row, p in zip(ref_rows, probs, strict=True):
+                q_ref = _softmax_over(ref_row, allowed)
+                kls.append(sum(qr * (math.log(qr) - math.log(q))
+                               for qr, q in zip(q_ref, p, strict=True) if qr > 0))
+            out["kl_ref"] = sum(kls) / 3
+            out["loss"] += kl_w * out["kl_ref"]
+        log_r = [math.log(r) for r in ratios]
+        out["old_approx_kl"] = sum(-x for x in log_r) / 3
+        out["approx_kl"] = sum((r - 1) - x for r, x in zip(ratios, log_r, strict=True)) / 3
+        out["clipfrac"] = sum(abs(r - 1) > clip for r in ratios) / 3
+        return out
+
+    # the worked numbers of the first case, as a check on the check
+    plain = by_hand(advantages, clip_v=True, kl_w=0.0)
+    assert plain["pg"] == pytest.approx((-1.2 + 1.6 - 0.525) / 3)
+    assert plain["v"] == pytest.approx(0.5 * (0.64 + 1.0 + 0.25) / 3)
+    assert plain["clipfrac"] == pytest.approx(2 / 3)
+
+    mean = sum(advantages) / 3
+    std = math.sqrt(sum((a - mean) ** 2 for a in advantages) / 2)  # torch's unbiased std
+    normalised = [(a - mean) / (std + 1e-8) for a in advantages]
+    cases = [
+        (PPOCoefficients(clip_coef=clip, ent_coef=ent_coef, vf_coef=vf_coef, norm_adv=False),
+         False, plain),
+        (PPOCoefficients(clip_coef=clip, ent_coef=ent_coef, vf_coef=vf_coef, norm_adv=True,
+                         clip_vloss=False, kl_weight=0.3),
+         True, by_hand(normalised, clip_v=False, kl_w=0.3)),
+    ]
+    def f64(values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float64)
+
+    for coef, with_ref, expected in cases:
+        logits = f64(logit_rows).requires_grad_(True)
+        batch = PPOBatch(actions=torch.tensor(actions), log_probs=f64(old_logp),
+                         advantages=f64(advantages), returns=f64(returns),
+                         values=f64(old_values), ref_logits=f64(ref_rows) if with_ref else None)
+        loss, stats = ppo_loss(logits, f64(new_values), torch.tensor(allowed), batch, coef)
+        assert float(loss.detach()) == pytest.approx(expected["loss"], rel=1e-6), coef
+        assert set(stats) == set(expected) - {"loss"}, coef
+        for key, value in expected.items():
+            if key != "loss":
+                assert float(stats[key]) == pytest.approx(value, rel=1e-6, abs=1e-9), key
+            assert key == "loss" or not stats[key].requires_grad
+        loss.backward()  # the masked action gets no gradient, and a finite one
+        assert torch.isfinite(logits.grad).all() and logits.grad[:, 2].abs().max() == 0.0
+    # the KL anchor and the value clip change the total as worked out above
+    assert cases[1][2]["kl_ref"] > 0 and cases[1][2]["v"] == pytest.approx(0.5 * 1.5 / 3)
+
+
 def test_lr_at_with_and_without_annealing() -> None:
     config = PPOConfig(lr=1e-3, num_envs=2, num_steps=16, total_steps=128)
     assert config.num_updates == 4
@@ -206,9 +327,9 @@ def test_out_of_range_options_are_refused() -> None:
 def test_short_run_writes_checkpoints_metrics_and_tensorboard(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     source = write_start(run_dir)
-    config = tiny(run_dir, 4, checkpoint_every=3, eval_episodes=1, eval_max_steps=10,
+    config = tiny(4, checkpoint_every=3, eval_episodes=1, eval_max_steps=10,
                   eval_every=2, warmup_updates=1, warmup_ramp_updates=1)
-    path = finetune_ppo(config)
+    path = run_ppo(run_dir, config)
     assert path == run_dir / "ppo.pt"
 
     start = load_checkpoint(source)
@@ -216,13 +337,15 @@ def test_short_run_writes_checkpoints_metrics_and_tensorboard(tmp_path: Path) ->
     last = load_checkpoint(run_dir / "ppo_last.pt")
     for checkpoint in (final, last):
         assert checkpoint.stage == "ppo"
-        assert checkpoint.steps == {"epochs": 2, "samples": 640, "updates": 4,
-                                    "global_step": 4 * 2 * 16}
+        assert checkpoint.steps == {"calibrate/epochs": 2, "calibrate/samples": 640,
+                                    "ppo/updates": 4, "ppo/global_step": 4 * 2 * 16}
         assert checkpoint.action_meanings == start.action_meanings
         assert checkpoint.action_mask == start.action_mask
         assert checkpoint.env_spec == start.env_spec
         assert checkpoint.model_config == TINY
-        assert checkpoint.config["source"] == str(source)
+        assert [link["stage"] for link in checkpoint.lineage] == ["calibrate", "ppo"]
+        assert checkpoint.lineage[-1]["inputs"] == [
+            {"path": str(source.resolve()), "sha256": sha256(source)}]
         assert checkpoint.config["total_steps"] == 128
     for name, tensor in final.state_dict.items():
         assert torch.equal(tensor, last.state_dict[name]), name
@@ -281,9 +404,9 @@ def test_cli_runs_ppo_on_the_last_run(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert f"wrote {run_dir.resolve() / 'ppo.pt'}" in result.output
     final = load_checkpoint(run_dir / "ppo.pt")
-    assert final.steps["updates"] == 3 and final.steps["global_step"] == 3 * 3 * 16
+    assert final.steps["ppo/updates"] == 3 and final.steps["ppo/global_step"] == 3 * 3 * 16
     assert final.config["num_envs"] == 3 and final.config["warmup_updates"] == 1
-    assert load_checkpoint(run_dir / "ppo_last.pt").steps["updates"] == 3
+    assert load_checkpoint(run_dir / "ppo_last.pt").steps["ppo/updates"] == 3
     assert [r["charts/update"] for r in update_records(run_dir)] == [1, 2, 3]
 
 
@@ -325,8 +448,8 @@ def test_never_takes_a_masked_action(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(RolloutCollector, "collect", observed)
     # the final greedy eval raises AgentActionError if the policy picks a forbidden action
-    path = finetune_ppo(tiny(run_dir, 3, warmup_updates=0, warmup_ramp_updates=0, lr=1e-3,
-                             eval_episodes=1, eval_max_steps=30))
+    path = run_ppo(run_dir, tiny(3, warmup_updates=0, warmup_ramp_updates=0, lr=1e-3,
+                                 eval_episodes=1, eval_max_steps=30))
     assert len(taken) == 3
     actions = torch.cat([a.reshape(-1) for a in taken])
     assert actions.numel() == 3 * 32 and not (actions == fire).any()
@@ -341,8 +464,8 @@ def test_critic_first_warmup_freezes_trunk_and_policy(tmp_path: Path) -> None:
     run_dir = tmp_path / "warm"
     write_start(run_dir)
     start = load_checkpoint(run_dir / "calibrated.pt").state_dict
-    config = tiny(run_dir, 3, warmup_updates=3, warmup_ramp_updates=2, kl_coef=0.5, lr=1e-3)
-    final = load_checkpoint(finetune_ppo(config)).state_dict
+    config = tiny(3, warmup_updates=3, warmup_ramp_updates=2, kl_coef=0.5, lr=1e-3)
+    final = load_checkpoint(run_ppo(run_dir, config)).state_dict
     shared = shared_tensors(start)
     assert {k.split(".")[0] for k in shared} == {"conv", "fc", "policy_head"}
     for name, tensor in shared.items():
@@ -356,11 +479,45 @@ def test_critic_first_warmup_freezes_trunk_and_policy(tmp_path: Path) -> None:
     # the same run without a warm-up moves every tensor of the trunk and policy
     free_dir = tmp_path / "free"
     write_start(free_dir)
-    free = load_checkpoint(finetune_ppo(
-        tiny(free_dir, 2, warmup_updates=0, warmup_ramp_updates=0, kl_coef=0.5, lr=1e-3)
+    free = load_checkpoint(run_ppo(
+        free_dir, tiny(2, warmup_updates=0, warmup_ramp_updates=0, kl_coef=0.5, lr=1e-3)
     )).state_dict
     for name, tensor in shared.items():
         assert not torch.equal(free[name], tensor), f"{name} did not learn without warm-up"
+
+
+def test_warmup_keeps_no_optimizer_state_for_trunk_and_policy(tmp_path: Path) -> None:
+    """The warm-up is a freeze, not a zero learning rate: Adam never sees the trunk and
+    policy (no moments, no step count), and only afterwards starts on them."""
+    run_dir = tmp_path / "warm"
+    write_start(run_dir)
+    start = load_checkpoint(run_dir / "calibrated.pt").state_dict
+    config = tiny(2, update_epochs=1, warmup_updates=2, warmup_ramp_updates=2, lr=1e-3)
+    run_ppo(run_dir, config)
+    last = load_checkpoint(run_dir / "ppo_last.pt")
+    optimizer = last.extra["optimizer"]
+    trunk_group, value_group = optimizer["param_groups"]
+    assert len(value_group["params"]) == len(value_tensors(start)) == 2
+    assert len(trunk_group["params"]) == len(shared_tensors(start))
+    assert set(optimizer["state"]) == set(value_group["params"])  # none for group 0
+    assert adam_steps_by_group(last) == [set(), {2.0 * config.num_minibatches}]
+    for name, tensor in shared_tensors(start).items():
+        assert torch.equal(last.state_dict[name], tensor), f"{name} moved during the warm-up"
+    for name, tensor in value_tensors(start).items():
+        assert not torch.equal(last.state_dict[name], tensor), f"{name} did not learn"
+
+    # one warm-up update, then the ramp: trunk and policy get state from update 2 on
+    ramp_dir = tmp_path / "ramp"
+    write_start(ramp_dir)
+    config = tiny(3, update_epochs=1, warmup_updates=1, warmup_ramp_updates=2, lr=1e-3)
+    run_ppo(ramp_dir, config)
+    last = load_checkpoint(ramp_dir / "ppo_last.pt")
+    optimizer = last.extra["optimizer"]
+    assert set(optimizer["state"]) == {i for g in optimizer["param_groups"] for i in g["params"]}
+    assert adam_steps_by_group(last) == [{2.0 * config.num_minibatches},
+                                         {3.0 * config.num_minibatches}]
+    for name, tensor in shared_tensors(start).items():
+        assert not torch.equal(last.state_dict[name], tensor), f"{name} did not learn"
 
 
 def test_resume_continues_counters_and_schedules(
@@ -368,13 +525,12 @@ def test_resume_continues_counters_and_schedules(
 ) -> None:
     total, stop_after = 4, 2
 
-    def config_for(run_dir: Path, **extra) -> PPOConfig:
-        return tiny(run_dir, total, warmup_updates=1, warmup_ramp_updates=2, kl_coef=0.2,
-                    kl_decay=0.5, lr=1e-3, **extra)
+    config = tiny(total, warmup_updates=1, warmup_ramp_updates=2, kl_coef=0.2, kl_decay=0.5,
+                  lr=1e-3)
 
     straight = tmp_path / "a"
     write_start(straight)
-    finetune_ppo(config_for(straight))
+    run_ppo(straight, config)
     a_final = load_checkpoint(straight / "ppo.pt")
     a_last = load_checkpoint(straight / "ppo_last.pt")
 
@@ -391,19 +547,20 @@ def test_resume_continues_counters_and_schedules(
 
     monkeypatch.setattr(RolloutCollector, "collect", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        finetune_ppo(config_for(broken))
+        run_ppo(broken, config)
     monkeypatch.setattr(RolloutCollector, "collect", original)
     assert not (broken / "ppo.pt").exists()
     cut = load_checkpoint(broken / "ppo_last.pt")
-    assert cut.steps["updates"] == stop_after and cut.steps["global_step"] == stop_after * 32
+    assert cut.steps["ppo/updates"] == stop_after
+    assert cut.steps["ppo/global_step"] == stop_after * 32
     assert [r["charts/update"] for r in update_records(broken)] == [1, 2]
 
-    config = config_for(broken, resume=True)
-    finetune_ppo(config)
+    run_ppo(broken, config, resume=True)
     b_final = load_checkpoint(broken / "ppo.pt")
     b_last = load_checkpoint(broken / "ppo_last.pt")
-    assert b_final.steps == a_final.steps == {"epochs": 2, "samples": 640, "updates": total,
-                                              "global_step": total * 32}
+    assert b_final.steps == a_final.steps == {
+        "calibrate/epochs": 2, "calibrate/samples": 640, "ppo/updates": total,
+        "ppo/global_step": total * 32}
     assert b_last.steps == a_last.steps
 
     records = update_records(broken)
@@ -419,11 +576,13 @@ def test_resume_continues_counters_and_schedules(
         assert b["guards/kl_coef"] == pytest.approx(a["guards/kl_coef"])
     assert records[2]["guards/kl_coef"] == pytest.approx(0.2 * 0.5 ** 2)  # not restarted
 
-    # the optimizer state came along: Adam counted every minibatch of all 4 updates
+    # the optimizer state came along: Adam counted every minibatch of all 4 updates for the
+    # value head, and of the 3 after the one warm-up update (a freeze) for trunk and policy
     steps_per_update = config.update_epochs * config.num_minibatches
     for last in (a_last, b_last):
-        adam_steps = {float(s["step"]) for s in last.extra["optimizer"]["state"].values()}
-        assert adam_steps == {float(total * steps_per_update)}
+        assert adam_steps_by_group(last) == [
+            {float((total - config.warmup_updates) * steps_per_update)},
+            {float(total * steps_per_update)}]
     # the KL anchor is still the starting policy, not the policy at the interruption
     start = load_checkpoint(broken / "calibrated.pt").state_dict
     for name, tensor in start.items():
@@ -435,7 +594,7 @@ def test_resume_without_a_resumable_checkpoint_is_a_clear_error(tmp_path: Path) 
     run_dir = tmp_path / "run"
     write_start(run_dir)
     with pytest.raises(OakEmuError, match=r"nothing to resume: .*ppo_last\.pt does not exist"):
-        finetune_ppo(tiny(run_dir, 2, resume=True))
+        run_ppo(run_dir, tiny(2), resume=True)
     result = CliRunner().invoke(cli, ["finetune", "ppo", "--run-dir", str(run_dir), "--resume",
                                       "--no-progress"])
     assert result.exit_code != 0 and "Traceback" not in result.output
@@ -445,7 +604,7 @@ def test_resume_without_a_resumable_checkpoint_is_a_clear_error(tmp_path: Path) 
     # a checkpoint of another stage under that name is not resumable either
     shutil.copy(run_dir / "calibrated.pt", run_dir / "ppo_last.pt")
     with pytest.raises(OakEmuError, match="is not a resumable PPO checkpoint"):
-        finetune_ppo(tiny(run_dir, 2, resume=True))
+        run_ppo(run_dir, tiny(2), resume=True)
 
 
 def test_from_scratch_starts_from_fresh_weights(tmp_path: Path, monkeypatch) -> None:
@@ -461,7 +620,7 @@ def test_from_scratch_starts_from_fresh_weights(tmp_path: Path, monkeypatch) -> 
         return original(self)
 
     monkeypatch.setattr(RolloutCollector, "collect", observed)
-    path = finetune_ppo(tiny(run_dir, 2, from_scratch=True, warmup_updates=2, seed=0))
+    path = run_ppo(run_dir, tiny(2, from_scratch=True, warmup_updates=2, seed=0))
     final = load_checkpoint(path)
     torch.manual_seed(0)
     fresh = PPOModel(start.observation_shape, start.action_count, TINY).state_dict()
@@ -475,38 +634,39 @@ def test_from_scratch_starts_from_fresh_weights(tmp_path: Path, monkeypatch) -> 
     assert not torch.equal(final.state_dict["conv.0.weight"], fresh["conv.0.weight"])
     assert final.env_spec == start.env_spec and final.action_mask == start.action_mask
 
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = tmp_path / "run"
     write_start(run_dir)
-    config = tiny(run_dir, 5, num_minibatches=2, update_epochs=1)
+    config = tiny(5, num_minibatches=2, update_epochs=1)
     per_update = config.num_minibatches * config.update_epochs
     calls = {"n": 0}
-    real_value_loss = ppo_module.value_loss
+    real_value_loss = losses_module.value_loss
 
     def poisoned(*args, **kwargs):
         calls["n"] += 1
         out = real_value_loss(*args, **kwargs)
         return out * float("nan") if calls["n"] > 2 * per_update else out
 
-    monkeypatch.setattr(ppo_module, "value_loss", poisoned)
+    monkeypatch.setattr(losses_module, "value_loss", poisoned)
     with pytest.raises(OakEmuError) as error:
-        finetune_ppo(config)
+        run_ppo(run_dir, config)
     message = str(error.value)
     assert "the PPO loss became nan at update 3" in message
     assert str(run_dir / "ppo_last.pt") in message
     assert not (run_dir / "ppo.pt").exists()
     last = load_checkpoint(run_dir / "ppo_last.pt")
-    assert last.steps["updates"] == 2 and last.steps["global_step"] == 64
+    assert last.steps["ppo/updates"] == 2 and last.steps["ppo/global_step"] == 64
     assert all(torch.isfinite(t).all() for t in last.state_dict.values())
     assert [r["charts/update"] for r in update_records(run_dir)] == [1, 2]
 
     # and the run can go on from it
-    monkeypatch.setattr(ppo_module, "value_loss", real_value_loss)
-    final = load_checkpoint(finetune_ppo(tiny(run_dir, 5, num_minibatches=2, update_epochs=1,
-                                              resume=True)))
-    assert final.steps["updates"] == 5 and final.steps["global_step"] == 160
+    monkeypatch.setattr(losses_module, "value_loss", real_value_loss)
+    final = load_checkpoint(run_ppo(run_dir, tiny(5, num_minibatches=2, update_epochs=1),
+                                    resume=True))
+    assert final.steps["ppo/updates"] == 5 and final.steps["ppo/global_step"] == 160
     assert [r["charts/update"] for r in update_records(run_dir)] == [1, 2, 3, 4, 5]
 
 
@@ -546,15 +706,14 @@ def test_rollout_shapes_and_global_step(tmp_path: Path) -> None:
 def test_target_kl_stops_the_epochs_early(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     write_start(run_dir)
-    config = tiny(run_dir, 2, update_epochs=3, num_minibatches=2, target_kl=1e-9,
+    config = tiny(2, update_epochs=3, num_minibatches=2, target_kl=1e-9,
                   warmup_updates=0, warmup_ramp_updates=0, lr=1e-3)
-    finetune_ppo(config)
+    run_ppo(run_dir, config)
     records = update_records(run_dir)
     assert [r["guards/target_kl_stop"] for r in records] == [True, True]
     last = load_checkpoint(run_dir / "ppo_last.pt")
     # one epoch of 2 minibatches per update instead of 3 epochs
-    adam_steps = {float(s["step"]) for s in last.extra["optimizer"]["state"].values()}
-    assert adam_steps == {2.0 * 2}
+    assert adam_steps_by_group(last) == [{2.0 * 2}, {2.0 * 2}]
 
 
 def test_bc_loss_on_demo_batches(tmp_path: Path) -> None:
@@ -563,12 +722,12 @@ def test_bc_loss_on_demo_batches(tmp_path: Path) -> None:
                                       "--max-steps", "40", "--out", str(demos)])
     assert result.exit_code == 0, result.output
     run_dir = tmp_path / "run"
-    write_start(run_dir)
+    source = write_start(run_dir)
     with pytest.raises(ConfigError, match="--bc-coef needs demo files"):
-        finetune_ppo(tiny(run_dir, 2, bc_coef=1.0))
-    config = tiny(run_dir, 2, bc_coef=1.0, bc_decay=0.5, bc_batch_size=8, bc_demos=(str(demos),))
-    final = load_checkpoint(finetune_ppo(config))
-    assert final.config["bc_demos"] == [str(demos)]
+        run_ppo(run_dir, tiny(2, bc_coef=1.0))  # no --bc-demos and no bc stage in the lineage
+    config = tiny(2, bc_coef=1.0, bc_decay=0.5, bc_batch_size=8)
+    final = load_checkpoint(run_ppo(run_dir, config, bc_demos=(str(demos),)))
+    assert lineage_inputs(final, "ppo") == [str(source.resolve()), str(demos.resolve())]
     records = update_records(run_dir)
     assert [r["guards/bc_coef"] for r in records] == pytest.approx([1.0, 0.5])
     assert all(isinstance(r["guards/bc_loss"], float) and r["guards/bc_loss"] > 0
@@ -578,8 +737,79 @@ def test_bc_loss_on_demo_batches(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["record", "--demonstrator", "scripted", "--episodes", "1",
                                       "--max-steps", "10", "--sticky", "0", "--out", str(other)])
     assert result.exit_code == 0, result.output
-    with pytest.raises(OakEmuError, match="recorded with another env spec"):
-        finetune_ppo(tiny(run_dir, 2, bc_coef=1.0, bc_demos=(str(other),)))
+    with pytest.raises(OakEmuError, match="different env specs"):
+        run_ppo(run_dir, tiny(2, bc_coef=1.0), bc_demos=(str(other),))
+
+
+def test_bc_loss_defaults_to_the_demos_of_the_lineage(tmp_path: Path) -> None:
+    """Without --bc-demos the BC loss reads the demo files bc.pt was cloned from, found in
+    the starting checkpoint's lineage; ppo.pt names them, with their sha256, twice: in the
+    bc link (what the clone read) and in the ppo link (what PPO read)."""
+    spec = EnvSpec(game="pong")
+    demo = tmp_path / "demos" / "pong.h5"
+    recording.record(recording.RecordConfig(out=demo, spec=spec, episodes=1, seed=0,
+                                            max_steps=40, progress=False),
+                     make_demonstrator(spec, seed=0))
+    demo_sha = hashlib.sha256(demo.read_bytes()).hexdigest()
+    run_dir = tmp_path / "run"
+    train_bc(BCConfig(epochs=1, architecture="tiny", batch_size=16), [str(demo)],
+             run_dir=run_dir, device="cpu", progress=False)
+    calibrate(CalibrateConfig(num_envs=2, holdout_envs=1, num_steps=16, iterations=1),
+              run_dir=run_dir, device="cpu", progress=False)
+    assert lineage_inputs(load_checkpoint(run_dir / "calibrated.pt"), "bc") == \
+        [str(demo.resolve())]
+
+    config = tiny(2, update_epochs=1, bc_coef=1.0, bc_decay=0.5, bc_batch_size=8)
+    final = load_checkpoint(run_ppo(run_dir, config))  # no bc_demos
+    records = update_records(run_dir)
+    assert [r["guards/bc_coef"] for r in records] == pytest.approx([1.0, 0.5])
+    for record in records:
+        assert isinstance(record["guards/bc_loss"], float)
+        assert math.isfinite(record["guards/bc_loss"]) and record["guards/bc_loss"] > 0
+    assert [link["stage"] for link in final.lineage] == ["bc", "calibrate", "ppo"]
+    demo_input = {"path": str(demo.resolve()), "sha256": demo_sha}
+    bc_link, calibrate_link, ppo_link = final.lineage
+    assert bc_link["inputs"] == [demo_input]
+    assert calibrate_link["inputs"] == [{"path": str((run_dir / "bc.pt").resolve()),
+                                         "sha256": sha256(run_dir / "bc.pt")}]
+    assert ppo_link["inputs"] == [{"path": str((run_dir / "calibrated.pt").resolve()),
+                                   "sha256": sha256(run_dir / "calibrated.pt")}, demo_input]
+
+
+def test_bc_demo_batches_leave_out_forbidden_actions(tmp_path: Path) -> None:
+    """Demo labels of a forbidden action (here FIRE, in a file recorded under the spec that
+    forbids it) are never fed to the BC loss; every other sample is, once per epoch, with
+    its own observation."""
+    forbid = ("FIRE",)
+    spec = spec_for(forbid)
+    run_dir = tmp_path / "run"
+    start = load_checkpoint(write_start(run_dir, forbid=forbid))
+    meanings = list(action_meanings("pong"))
+    fire = meanings.index("FIRE")
+    assert [m for m, ok in zip(meanings, start.action_mask, strict=True) if not ok] == ["FIRE"]
+    buffer = EpisodeBuffer()
+    labels = [t % len(meanings) for t in range(30)]  # every action, FIRE five times
+    for t, action in enumerate(labels):
+        frame = np.full(spec.frame_shape, t, dtype=np.uint8)  # the frame says its step
+        buffer.add(frame, action, 0.0, t == len(labels) - 1, False)
+    demo = tmp_path / "fire.h5"
+    DemoWriter(demo, spec).write_episodes([(buffer, "scripted", 0)])
+
+    allowed_steps = [t for t, a in enumerate(labels) if a != fire]
+    assert len(allowed_steps) == 25
+    batches = _demo_batches(tiny(2, bc_coef=1.0, bc_batch_size=8), start, (str(demo),))
+    for _epoch in range(2):
+        seen: list[int] = []
+        while len(seen) < len(allowed_steps):
+            obs, actions = next(batches)
+            assert obs.shape[1:] == start.observation_shape and obs.dtype == torch.uint8
+            assert not (actions == fire).any(), actions
+            for observation, action in zip(obs, actions, strict=True):
+                step = int(observation[-1, 0, 0])  # the newest frame is the labelled step's
+                assert torch.all(observation[-1] == step)
+                assert int(action) == labels[step]
+                seen.append(step)
+        assert sorted(seen) == allowed_steps  # each allowed sample once per epoch
 
 
 def test_resume_with_other_settings_does_not_silently_change_the_schedule(
@@ -591,7 +821,7 @@ def test_resume_with_other_settings_does_not_silently_change_the_schedule(
     option, or it continues the saved run's schedule."""
     run_dir = tmp_path / "run"
     write_start(run_dir)
-    original = tiny(run_dir, 4, lr=1e-3, warmup_updates=1, warmup_ramp_updates=1)
+    original = tiny(4, lr=1e-3, warmup_updates=1, warmup_ramp_updates=1)
     real_collect = RolloutCollector.collect
     calls = {"n": 0}
 
@@ -603,20 +833,34 @@ def test_resume_with_other_settings_does_not_silently_change_the_schedule(
 
     monkeypatch.setattr(RolloutCollector, "collect", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        finetune_ppo(original)
+        run_ppo(run_dir, original)
     monkeypatch.setattr(RolloutCollector, "collect", real_collect)
 
     # as `oakemu finetune ppo --run-dir RUN --resume` would build it: other options default
-    other = PPOConfig(run_dir=str(run_dir), resume=True, num_envs=3, num_steps=16,
-                      total_steps=6 * 48, num_minibatches=2, update_epochs=1,
-                      eval_episodes=0, checkpoint_every=1, progress=False)
+    other = PPOConfig(num_envs=3, num_steps=16, total_steps=6 * 48, num_minibatches=2,
+                      update_epochs=1, eval_episodes=0, checkpoint_every=1)
     try:
-        final = load_checkpoint(finetune_ppo(other))
+        final = load_checkpoint(run_ppo(run_dir, other, resume=True))
     except OakEmuError as error:
         assert re.search(r"num[_-]envs|total[_-]steps", str(error)), str(error)
         return
     records = update_records(run_dir)
-    assert final.steps["global_step"] == 4 * 32, final.steps
+    assert final.steps["ppo/global_step"] == 4 * 32, final.steps
     assert [r["charts/update"] for r in records] == [1, 2, 3, 4]
     assert [r["charts/learning_rate"] for r in records] == \
         pytest.approx([lr_at(original, u) for u in (1, 2, 3, 4)])
+
+
+def test_missing_bc_demos_are_refused_before_the_run_directory_is_touched(
+        tmp_path: Path) -> None:
+    """The demo files of the BC loss are checked before any env starts or file opens: a
+    refused run leaves the previous run's metrics as they were."""
+    run_dir = tmp_path / "run"
+    write_start(run_dir)
+    run_ppo(run_dir, tiny(1))
+    before = (run_dir / "ppo_metrics.jsonl").read_bytes()
+    events = sorted((run_dir / "tb").rglob("*"))
+    with pytest.raises(ConfigError, match="--bc-coef needs demo files"):
+        run_ppo(run_dir, tiny(1, bc_coef=1.0))
+    assert (run_dir / "ppo_metrics.jsonl").read_bytes() == before
+    assert sorted((run_dir / "tb").rglob("*")) == events

@@ -258,6 +258,35 @@ def demos_merge(out: str, inputs: tuple[str, ...]) -> None:
     click.echo(f"merged {copied} episode(s) from {len(inputs)} file(s) into {out}")
 
 
+@demos.command("export-minari")
+@click.argument("file", type=click.Path(path_type=str))
+@click.option("--dataset-id", required=True,
+              help="NAMESPACE/NAME-v0; written under MINARI_DATASETS_PATH (~/.minari/datasets).")
+def demos_export_minari(file: str, dataset_id: str) -> None:
+    """Write the demo file FILE as a local Minari dataset."""
+    from .demos.minari_io import export_minari
+
+    path = export_minari(file, dataset_id)
+    click.echo(f"wrote Minari dataset {dataset_id} to {path}")
+
+
+@demos.command("import-minari")
+@click.argument("dataset_id")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=str))
+@click.option("--frame-skip", type=click.IntRange(1, 64), default=None,
+              help="Raw frame-skip-1 datasets: emulator frames per step (default 4).")
+@click.option("--full-action-space/--minimal-action-space", default=None,
+              help="Our action set (default: minimal when it has every action used).")
+@click.option("--allow-jpeg", is_flag=True, help="Import JPEG-encoded (lossy) frames anyway.")
+def demos_import_minari(dataset_id: str, out: str, frame_skip: int | None,
+                        full_action_space: bool | None, allow_jpeg: bool) -> None:
+    """Convert the local Minari dataset DATASET_ID of an ALE game into a demo file."""
+    from .demos.minari_io import import_minari
+
+    click.echo(import_minari(dataset_id, out, frame_skip=frame_skip, allow_jpeg=allow_jpeg,
+                             full_action_space=full_action_space).summary())
+
+
 @cli.group(cls=_Group)
 def bootstrap() -> None:
     """Stage one and two: behaviour cloning, then critic calibration."""
@@ -289,6 +318,9 @@ def _ppo_config():
                           "(same env spec).")
 def bc(demo_files: tuple[str, ...], **options) -> None:
     """Behaviour cloning: train the trunk and policy head on DEMO_FILES' actions.
+
+    A DEMO_FILE may also be a local Minari dataset, `minari:NAMESPACE/NAME-v0`: it is
+    imported into the run directory first (docs/minari.md).
 
     Writes bc.pt (the best epoch by validation loss), bc_metrics.jsonl and bc_curves.png
     into the run directory (default data/runs/GAME). With --relabel-episodes N, the clone

@@ -205,7 +205,11 @@ def train_bc(config: BCConfig, demos: tuple[str, ...] | list[str], *,
     if not demos:
         raise DemoFileError("bc needs at least one demo file")
     world, torch_device = distributed.init(resolve_device(device))
-    files = [str(d) for d in demos]
+    if not world.is_main:  # rank 0 imports any Minari dataset; the others then reuse it
+        distributed.barrier(world)
+    files, run_dir = _demo_files(demos, run_dir)
+    if world.is_main:
+        distributed.barrier(world)
     try:
         path = _train_clone(config, files, run_dir, init_from, torch_device, progress, world)
         rounds = config.relabel_rounds if config.relabel_episodes else 0
@@ -226,6 +230,19 @@ def train_bc(config: BCConfig, demos: tuple[str, ...] | list[str], *,
         raise distributed.lost_peer(world, error, "training stopped; bc.pt holds the best "
                                     "epoch saved so far, if any") from None
     return path
+
+
+def _demo_files(demos: tuple[str, ...] | list[str], run_dir: str | Path | None
+                ) -> tuple[list[str], str | Path | None]:
+    """The demo files, with each `minari:NAMESPACE/NAME-v0` dataset imported into the run
+    directory (whose default then follows the dataset's game)."""
+    from ..demos.minari_io import MINARI_PREFIX, minari_game, resolve_demo_paths
+
+    datasets = [str(d)[len(MINARI_PREFIX):] for d in demos if str(d).startswith(MINARI_PREFIX)]
+    if not datasets:
+        return [str(d) for d in demos], run_dir
+    target = runs.prepare_run_dir(run_dir, minari_game(datasets[0].strip()))
+    return list(resolve_demo_paths([str(d) for d in demos], target)), target
 
 
 def _train_clone(config: BCConfig, files: list[str], run_dir: str | Path | None,

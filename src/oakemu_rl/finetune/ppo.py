@@ -21,6 +21,7 @@ import contextlib
 import copy
 import dataclasses
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,12 @@ def _demo_batches(config: PPOConfig, start: Checkpoint, paths: tuple[str, ...],
     dataset = DemoDataset(demos, train, batch_size=config.bc_batch_size,
                           action_mask=np.asarray(start.action_mask), seed=config.seed,
                           cache_bytes=256 << 20, shard=(world.rank, world.world_size))
+    return _epochs(dataset)
+
+
+def _epochs(dataset: DemoDataset) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The dataset's batches, epoch after epoch, each epoch shuffled anew. (A generator of
+    its own, so `_demo_batches` checks the files before training starts.)"""
     epoch = 0
     while True:
         epoch += 1
