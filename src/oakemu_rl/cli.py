@@ -113,6 +113,14 @@ def _spec_options(func):
     return func
 
 
+def _say(text: str) -> None:
+    """Print a stage's closing line once: on rank 0 when torchrun started several ranks."""
+    from .distributed import world_from_env
+
+    if world_from_env().is_main:
+        click.echo(text)
+
+
 def _spec(game: str, repeat_action_probability: float, noop_max: int,
           full_action_space: bool, forbidden_actions: tuple[str, ...]):
     from .envs import EnvSpec, action_mask
@@ -325,7 +333,7 @@ def bc(demo_files: tuple[str, ...], **options) -> None:
     path = train_bc(config, demo_files, run_dir=options["run_dir"],
                     init_from=options["checkpoint"], device=options["device"],
                     progress=options["progress"])
-    click.echo(f"wrote {path}; next: oakemu bootstrap calibrate --run-dir {path.parent}")
+    _say(f"wrote {path}; next: oakemu bootstrap calibrate --run-dir {path.parent}")
 
 
 @bootstrap.command("calibrate")
@@ -381,7 +389,7 @@ def ppo(**options) -> None:
     except KeyboardInterrupt:
         raise OakEmuError("stopped; continue from the last checkpoint with the same options "
                           "and --resume") from None
-    click.echo(f"wrote {path}")
+    _say(f"wrote {path}")
 
 
 @cli.command()
@@ -478,12 +486,17 @@ def pipeline() -> None:
 @click.option("--force", multiple=True, metavar="STAGE",
               help="Redo this stage and the ones after it: record, bc, calibrate, ppo, test.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def run(file: str, run_dir: str | None, force: tuple[str, ...], progress: bool) -> None:
+@click.option("--nproc-per-node", type=click.IntRange(1, 256), default=None,
+              help="Run bc and ppo on this many processes through torchrun (default: the "
+                   "file's [distributed] nproc_per_node, or 1).")
+def run(file: str, run_dir: str | None, force: tuple[str, ...], progress: bool,
+        nproc_per_node: int | None) -> None:
     """Run record → bc → calibrate → ppo → test from a pipeline FILE in one run directory.
 
     Stages whose output exists and was made from the same settings are skipped, so a
     re-run after a crash or Ctrl-C continues where it stopped.
     """
+    import dataclasses
     import time
     from pathlib import Path
 
@@ -491,6 +504,11 @@ def run(file: str, run_dir: str | None, force: tuple[str, ...], progress: bool) 
     from .runs import runs_root
 
     pipeline_def = load_pipeline(file)
+    if nproc_per_node is not None:
+        from .pipeline import DistributedSettings
+
+        pipeline_def = dataclasses.replace(
+            pipeline_def, distributed=DistributedSettings(nproc_per_node=nproc_per_node))
     target = Path(run_dir) if run_dir else runs_root() / pipeline_def.name
     started = time.perf_counter()
     runner = PipelineRun(pipeline_def, target, force=force, progress=progress)

@@ -78,6 +78,24 @@ def config_from(config_cls: type, options: dict[str, Any]) -> Any:
     return config_cls(**{k: options.pop(k) for k in list(options) if k in names})
 
 
+def config_args(config: Any) -> list[str]:
+    """The command-line options that rebuild `config` (what `config_options` parses):
+    the pipeline passes a stage's config to the ranks torchrun starts this way."""
+    args: list[str] = []
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            args.append(flag(field.name) if value else f"--no-{flag(field.name)[2:]}")
+        elif isinstance(value, tuple):
+            for item in value:
+                args += [flag(field.name), str(item)]
+        else:
+            args += [flag(field.name), repr(value) if isinstance(value, float) else str(value)]
+    return args
+
+
 def place_options(*, run_dir: str | None = None, checkpoint: str | None = None,
                   resume: bool = False, device: bool = True) -> Callable:
     """Options that say where a stage reads and writes, not what it computes."""

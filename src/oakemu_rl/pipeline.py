@@ -29,6 +29,7 @@ from .envs import EnvSpec
 from .errors import ConfigError, OakEmuError
 from .finetune.ppo import PPOConfig, finetune_ppo
 from .fsutil import atomic_write_text
+from .options import config_args
 from .runtime import SEED_MAX
 
 STAGES = ("record", "bc", "calibrate", "ppo", "test")
@@ -82,6 +83,18 @@ class FinalTestConfig(EvalConfig):
 
 
 @dataclass(frozen=True)
+class DistributedSettings:
+    """How many processes the training stages (bc, ppo) run on; the others run in one."""
+
+    nproc_per_node: int = 1
+    """Processes on this machine, started through torchrun (1: no torchrun)."""
+
+    def __post_init__(self) -> None:
+        check_options(self, [("nproc_per_node", 1 <= self.nproc_per_node <= 256,
+                              "from 1 to 256")], section="distributed")
+
+
+@dataclass(frozen=True)
 class Pipeline:
     name: str
     env: EnvSpec
@@ -90,13 +103,14 @@ class Pipeline:
     calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     evaluate: FinalTestConfig = field(default_factory=FinalTestConfig)
+    distributed: DistributedSettings = field(default_factory=DistributedSettings)
     device: str = "auto"
 
 
 # -- loading and validation ----------------------------------------------------------------
 
 SECTIONS = {"env": EnvSpec, "demos": DemoSource, "bc": BCConfig, "calibrate": CalibrateConfig,
-            "ppo": PPOConfig, "evaluate": FinalTestConfig}
+            "ppo": PPOConfig, "evaluate": FinalTestConfig, "distributed": DistributedSettings}
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -226,8 +240,7 @@ class PipelineRun:
         places = {"device": p.device, "progress": self.progress}
         demo_path = self._record()
         self._stage("bc", dataclasses.asdict(p.bc), ["record"], self.run_dir / "bc.pt",
-                    lambda: self._checkpoint_info(train_bc(p.bc, (str(demo_path),),
-                                                           run_dir=run_dir, **places)))
+                    lambda: self._checkpoint_info(self._train_bc(demo_path)))
         self._stage("calibrate", dataclasses.asdict(p.calibrate), ["bc"],
                     self.run_dir / "calibrated.pt",
                     lambda: self._checkpoint_info(calibrate(p.calibrate, run_dir=run_dir,
@@ -240,13 +253,34 @@ class PipelineRun:
         def run_ppo() -> dict[str, Any]:
             self.state["ppo_started"] = started
             atomic_write_text(self.run_dir / STATE_FILE, json.dumps(self.state, indent=2))
-            return self._checkpoint_info(finetune_ppo(p.ppo, run_dir=run_dir, resume=resume,
-                                                      **places))
+            return self._checkpoint_info(self._finetune_ppo(resume))
 
         self._stage("ppo", ppo_settings, ["calibrate"], self.run_dir / "ppo.pt", run_ppo)
         self._stage("test", dataclasses.asdict(p.evaluate), ["ppo"],
                     self.run_dir / "test.json", self._test)
         return self.results
+
+    def _train_bc(self, demo_path: Path) -> Path:
+        p, nproc = self.pipeline, self.pipeline.distributed.nproc_per_node
+        if nproc == 1:
+            return train_bc(p.bc, (str(demo_path),), run_dir=str(self.run_dir), device=p.device,
+                            progress=self.progress)
+        launch_ranks("bc", nproc, ["bootstrap", "bc", str(demo_path), *config_args(p.bc),
+                                   *self._place_args()])
+        return self.run_dir / "bc.pt"
+
+    def _finetune_ppo(self, resume: bool) -> Path:
+        p, nproc = self.pipeline, self.pipeline.distributed.nproc_per_node
+        if nproc == 1:
+            return finetune_ppo(p.ppo, run_dir=str(self.run_dir), resume=resume,
+                                device=p.device, progress=self.progress)
+        launch_ranks("ppo", nproc, ["finetune", "ppo", *config_args(p.ppo), *self._place_args(),
+                                    *(["--resume"] if resume else [])])
+        return self.run_dir / "ppo.pt"
+
+    def _place_args(self) -> list[str]:
+        return ["--run-dir", str(self.run_dir), "--device", self.pipeline.device,
+                "--progress" if self.progress else "--no-progress"]
 
     def _record(self) -> Path:
         """The demo file: the one the pipeline names, or a scripted recording."""
@@ -322,6 +356,35 @@ class PipelineRun:
                                                     progress=self.progress).to_dict()
         atomic_write_text(self.run_dir / "test.json", json.dumps(scores, indent=2))
         return {"scores": {k: v["mean"] for k, v in scores.items()}}
+
+
+def launch_ranks(stage: str, nproc: int, command: list[str]) -> None:
+    """Run `oakemu COMMAND` on `nproc` processes of this machine through torchrun, showing
+    their output as it comes; a failure ends in one line with the ranks' own error."""
+    import subprocess
+    import sys
+    from collections import deque
+
+    args = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+            "-m", "oakemu_rl", *command]
+    tail: deque[str] = deque(maxlen=200)
+    with subprocess.Popen(args, stderr=subprocess.PIPE, text=True, errors="replace") as process:
+        for line in process.stderr:
+            sys.stderr.write(line)
+            tail.append(line.strip())
+    if process.returncode != 0:
+        errors = [line for line in tail if line.startswith("Error:")]
+        why = errors[0][len("Error:"):].strip() if errors else f"exit status {process.returncode}"
+        raise OakEmuError(f"the {stage} stage failed on {nproc} processes: {why}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as handle:
+        handle.bind(("127.0.0.1", 0))
+        return handle.getsockname()[1]
 
 
 def _same_policy(first: Path, second: Path) -> bool:

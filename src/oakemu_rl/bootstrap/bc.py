@@ -20,13 +20,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from .. import runs
+from .. import distributed, runs
 from ..checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..configs import check_choice, check_options
 from ..demos import DemoFile, open_demo_files
 from ..demos.dataset import DemoDataset, split_episodes
 from ..envs import EnvSpec, require_same_env
-from ..errors import DemoFileError, OakEmuError, check_finite
+from ..errors import ConfigError, DemoFileError, OakEmuError, check_finite
 from ..metrics import MetricsLogger
 from ..model import ARCHITECTURES, PPOModel
 from ..plots import plot_bc_curves
@@ -164,8 +164,10 @@ def _lr_factor(schedule: str, step: int, total: int) -> float:
 
 @torch.no_grad()
 def evaluate_bc(model: PPOModel, dataset: DemoDataset, mask: torch.Tensor,
-                device: torch.device) -> dict[str, float]:
-    """Validation loss, accuracy and per-action accuracy (no augmentation, no smoothing)."""
+                device: torch.device, world: distributed.World = distributed.SINGLE
+                ) -> dict[str, float]:
+    """Validation loss, accuracy and per-action accuracy (no augmentation, no smoothing),
+    over every rank's share of the validation set."""
     model.eval()
     n_actions = model.action_shape
     correct = np.zeros(n_actions)
@@ -180,6 +182,10 @@ def evaluate_bc(model: PPOModel, dataset: DemoDataset, mask: torch.Tensor,
         acts = actions.cpu().numpy()
         np.add.at(total, acts, 1)
         np.add.at(correct, acts, hits)
+    sums = distributed.sum_over_ranks(world, torch.as_tensor(
+        np.concatenate([[loss_sum], correct, total]), dtype=torch.float64, device=device))
+    sums = sums.cpu().numpy()
+    loss_sum, correct, total = sums[0], sums[1:1 + n_actions], sums[1 + n_actions:]
     n = total.sum()
     return {
         "loss": loss_sum / max(n, 1),
@@ -198,16 +204,31 @@ def train_bc(config: BCConfig, demos: tuple[str, ...] | list[str], *,
     file so far. Returns the path of bc.pt."""
     if not demos:
         raise DemoFileError("bc needs at least one demo file")
+    world, torch_device = distributed.init(resolve_device(device))
+    if not world.is_main:  # rank 0 imports any Minari dataset; the others then reuse it
+        distributed.barrier(world)
     files, run_dir = _demo_files(demos, run_dir)
-    path = _train_clone(config, files, run_dir, init_from, device, progress)
-    rounds = config.relabel_rounds if config.relabel_episodes else 0
-    for round_ in range(1, rounds + 1):
-        files.append(str(dagger.relabel_round(config, path, files, round_, device=device,
-                                              progress=progress)))
-        # A fresh model: continuing the first clone for 5 epochs gained about a third of
-        # what retraining did (benchmarks/bc_quality.py --relabel-episodes).
-        path = _train_clone(dataclasses.replace(config, epochs=config.epochs_after_round(round_)),
-                            files, path.parent, init_from, device, progress)
+    if world.is_main:
+        distributed.barrier(world)
+    try:
+        path = _train_clone(config, files, run_dir, init_from, torch_device, progress, world)
+        rounds = config.relabel_rounds if config.relabel_episodes else 0
+        for round_ in range(1, rounds + 1):
+            if world.is_main:  # rank 0 plays the round; the others wait for its file
+                dagger.relabel_round(config, path, files, round_, device=device,
+                                     progress=progress)
+            distributed.barrier(world)
+            files.append(str(dagger.relabelled_path(path.parent, round_)))
+            # A fresh model: continuing the first clone for 5 epochs gained about a third
+            # of what retraining did (benchmarks/bc_quality.py --relabel-episodes).
+            path = _train_clone(
+                dataclasses.replace(config, epochs=config.epochs_after_round(round_)), files,
+                path.parent, init_from, torch_device, progress, world)
+    except distributed.collective_failures() as error:
+        if not world.enabled:
+            raise
+        raise distributed.lost_peer(world, error, "training stopped; bc.pt holds the best "
+                                    "epoch saved so far, if any") from None
     return path
 
 
@@ -225,19 +246,24 @@ def _demo_files(demos: tuple[str, ...] | list[str], run_dir: str | Path | None
 
 
 def _train_clone(config: BCConfig, files: list[str], run_dir: str | Path | None,
-                 init_from: str | Path | None, device_name: str, progress: bool) -> Path:
+                 init_from: str | Path | None, device: torch.device, progress: bool,
+                 world: distributed.World) -> Path:
     """One BC run on `files`: the best epoch by validation loss is saved as bc.pt."""
-    run = _BCRun(config, open_demo_files(files), run_dir, init_from, device_name, progress)
-    with MetricsLogger(run.run_dir, "bc") as log:
+    run = _BCRun(config, open_demo_files(files), run_dir, init_from, device, progress, world)
+    logger = MetricsLogger(run.run_dir, "bc") if world.is_main else contextlib.nullcontext()
+    with logger as log:
         for epoch in range(1, config.epochs + 1):
             record = run.epoch(epoch)
-            log.log(run.step, record)
+            if log is not None:
+                log.log(run.step, record)
             if run.after_epoch(epoch, record, files):
                 break
     after = run.model.value_head.state_dict()
     assert all(torch.equal(run.value_head_before[k], after[k]) for k in after)
-    plot_bc_curves(run.history, run.run_dir / "bc_curves.png")
-    runs.remember_run(run.run_dir)
+    if world.is_main:
+        plot_bc_curves(run.history, run.run_dir / "bc_curves.png")
+        runs.remember_run(run.run_dir)
+    distributed.barrier(world)  # every rank returns once bc.pt is final
     return run.path
 
 
@@ -245,17 +271,19 @@ class _BCRun:
     """The model, data and counters of one BC run."""
 
     def __init__(self, config: BCConfig, demos: list[DemoFile], run_dir: str | Path | None,
-                 init_from: str | Path | None, device_name: str, progress: bool) -> None:
-        self.config, self.progress, self.init_from = config, progress, init_from
+                 init_from: str | Path | None, device: torch.device, progress: bool,
+                 world: distributed.World) -> None:
+        self.config, self.init_from, self.world = config, init_from, world
+        self.progress = progress and world.is_main
         self.spec: EnvSpec = demos[0].spec
         self.meanings = demos[0].action_meanings
         self.mask_np = demos[0].action_mask
-        self.device = resolve_device(device_name)
+        self.device = device
         self.amp = autocast_dtype(config.precision, self.device)
         self.run_dir = runs.prepare_run_dir(run_dir, self.spec.game)
         self.path = self.run_dir / runs.STAGE_FILES["bc"]
         torch.manual_seed(config.seed)
-        self.train_set, self.val_set = _datasets(config, demos, self.mask_np)
+        self.train_set, self.val_set = _datasets(config, demos, self.mask_np, world)
         self.parent = load_checkpoint(init_from) if init_from is not None else None
         model = _initial_model(config, self.spec, self.meanings, self.parent, init_from)
         model = model.to(self.device)
@@ -263,6 +291,7 @@ class _BCRun:
             # Channels-last convolutions train at least as fast as NCHW on the CPU
             # (benchmarks/bc_throughput.py); checkpoints are written NCHW all the same.
             model = model.to(memory_format=torch.channels_last)
+        distributed.broadcast_model(world, model)
         self.model = model
         self.value_head_before = {k: v.clone() for k, v in model.value_head.state_dict().items()}
         self.params = [*model.conv.parameters(), *model.fc.parameters(),
@@ -288,8 +317,8 @@ class _BCRun:
             tqdm.write("note: no validation episodes (fewer than two episodes, or only "
                        "forbidden actions in them); the last epoch is saved")
         tqdm.write(f"bc on {self.device.type} in {'bf16 autocast' if self.amp else 'fp32'}: "
-                   f"{self.train_set.num_samples:,} training and "
-                   f"{self.val_set.num_samples if self.val_set else 0:,} validation samples")
+                   f"{self.train_set.total_samples:,} training and "
+                   f"{self.val_set.total_samples if self.val_set else 0:,} validation samples")
 
     def epoch(self, epoch: int) -> dict[str, float]:
         """One pass over the training set; returns the epoch's metrics, validation included."""
@@ -308,12 +337,14 @@ class _BCRun:
                            == actions).sum())
             bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{hits / seen:.3f}")
         bar.close()
+        loss_sum, hits, seen = (float(v) for v in distributed.sum_over_ranks(
+            self.world, torch.tensor([loss_sum, hits, seen], dtype=torch.float64)))
         record = {"epoch": epoch, "bc/train_loss": loss_sum / seen,
                   "bc/train_accuracy": hits / seen,
                   "bc/lr": self.optimizer.param_groups[0]["lr"],
                   "bc/samples_per_second": seen / (time.perf_counter() - start)}
         if self.val_set is not None:
-            val = evaluate_bc(self.model, self.val_set, self.mask, self.device)
+            val = evaluate_bc(self.model, self.val_set, self.mask, self.device, self.world)
             record |= {"bc/val_loss": val["loss"], "bc/val_accuracy": val["accuracy"]}
             record |= {f"bc/val_accuracy/{m}": a
                        for m, a in zip(self.meanings, val["per_action"], strict=True)}
@@ -331,16 +362,19 @@ class _BCRun:
             logits = self.model.get_logits(obs).float()
         loss = bc_loss(logits, actions, self.mask, label_smoothing=config.label_smoothing,
                        class_weights=self.class_weights)
-        check_finite(loss, "the BC loss", where=f"epoch {epoch}", outcome=self._outcome())
+        mean_loss = loss.detach() if not self.world.enabled else distributed.sum_over_ranks(
+            self.world, loss.detach()) / self.world.world_size
+        check_finite(mean_loss, "the BC loss", where=f"epoch {epoch}", outcome=self._outcome())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.average_gradients(self.world, self.params)
         # max_grad_norm 0 means no clipping: an infinite bound scales by 1 and still
         # measures the norm, so a NaN or inf gradient never reaches the weights.
         norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm or math.inf)
         check_finite(norm, "a BC gradient", where=f"epoch {epoch}", outcome=self._outcome())
         self.optimizer.step()
         self.step += 1
-        self.samples += len(actions)
+        self.samples += len(actions) * self.world.world_size
         return loss, logits, actions
 
     def _outcome(self) -> str:
@@ -374,6 +408,9 @@ class _BCRun:
         return False
 
     def _save(self, epoch: int, record: dict, files: list[str]) -> None:
+        digests = distributed.weight_digests(self.world, self.model)
+        if not self.world.is_main:
+            return
         save_checkpoint(self.path, Checkpoint.from_model(
             self.model, stage="bc", action_meanings=self.meanings,
             action_mask=self.mask_np.tolist(), env_spec=self.spec.to_dict(),
@@ -381,22 +418,28 @@ class _BCRun:
             config=dataclasses.asdict(self.config)
             | {"precision_used": "bf16" if self.amp else "fp32"},
             extra={"metrics": {k: float(v) for k, v in record.items()
-                               if isinstance(v, float) and math.isfinite(v)}},
+                               if isinstance(v, float) and math.isfinite(v)},
+                   "world_size": self.world.world_size, "rank_weight_sha256": digests},
             parent=self.parent, inputs=files))
 
 
-def _datasets(config: BCConfig, demos: list[DemoFile], mask: np.ndarray
-              ) -> tuple[DemoDataset, DemoDataset | None]:
-    """The training set and the validation set (None when there is nothing to validate on:
-    a val loss of 0.0 on no samples would stop training)."""
+def _datasets(config: BCConfig, demos: list[DemoFile], mask: np.ndarray,
+              world: distributed.World) -> tuple[DemoDataset, DemoDataset | None]:
+    """This rank's share of the training set and of the validation set (None when there is
+    nothing to validate on: a val loss of 0.0 on no samples would stop training)."""
+    if config.batch_size % world.world_size:
+        raise ConfigError(f"bc option batch_size={config.batch_size} does not divide evenly "
+                          f"over {world.world_size} ranks: --batch-size is the batch of all "
+                          "ranks together; make it a multiple of the number of processes")
     train_refs, val_refs = split_episodes(demos, config.val_fraction, config.seed)
     if not train_refs:
         raise DemoFileError("the demo files hold no episodes to train on")
     common = dict(action_mask=mask, cache_bytes=config.cache_mb << 20,
                   block_size=config.block_size, shuffle_blocks=config.shuffle_blocks,
-                  batch_size=config.batch_size)
+                  batch_size=config.batch_size // world.world_size,
+                  shard=(world.rank, world.world_size))
     train_set = DemoDataset(demos, train_refs, shuffle=True, seed=config.seed, **common)
-    if train_set.num_samples == 0:
+    if train_set.total_samples == 0:
         raise DemoFileError("every demonstrated action is forbidden by the action mask")
     val_set = DemoDataset(demos, val_refs, shuffle=False, **common) if val_refs else None
     if val_set is not None and val_set.num_samples == 0:

@@ -28,7 +28,7 @@ def relabel_round(config: BCConfig, clone: Path, files: list[str], round_: int, 
     The curves of the BC this round replaces are kept as bc_first_* (the clone of the
     demos alone) or bc_round{k}_* (the clone after round k)."""
     run_dir = clone.parent
-    out = run_dir / f"relabelled{'' if round_ == 1 else round_}.h5"
+    out = relabelled_path(run_dir, round_)
     if out.exists():  # left by an interrupted run: its clone is gone
         out.unlink()
     seed = _first_seed(config, files, round_)
@@ -45,6 +45,11 @@ def relabel_round(config: BCConfig, clone: Path, files: list[str], round_: int, 
         if done.exists():
             done.replace(run_dir / name.replace("bc_", keep, 1))
     return out
+
+
+def relabelled_path(run_dir: Path, round_: int) -> Path:
+    """The file round `round_` writes: relabelled.h5, relabelled2.h5, ..."""
+    return run_dir / f"relabelled{'' if round_ == 1 else round_}.h5"
 
 
 def _first_seed(config: BCConfig, files: list[str], round_: int) -> int:

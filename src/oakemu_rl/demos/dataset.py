@@ -65,6 +65,7 @@ class DemoDataset(IterableDataset):
         cache_bytes: int = 2 << 30,
         block_size: int = 256,
         shuffle_blocks: int = 32,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         super().__init__()
         self.demos = demos
@@ -83,8 +84,13 @@ class DemoDataset(IterableDataset):
         self._cache: dict[int, np.ndarray] = {}
         # Actions are small: keep them all, and the positions whose action is allowed.
         self._actions = [demos[e.file].read(e.episode, "actions") for e in episodes]
-        self.num_samples = int(sum(self.action_mask[a].sum() for a in self._actions))
-        self.dropped = total - self.num_samples
+        self.total_samples = int(sum(self.action_mask[a].sum() for a in self._actions))
+        self.dropped = total - self.total_samples
+        # (rank, ranks): this rank keeps every ranks-th sample of the epoch's one global
+        # order, the same number on every rank (the last total % ranks samples sit out an
+        # epoch), so no sample is seen twice in an epoch and every rank takes as many steps.
+        self.rank, self.ranks = shard
+        self.num_samples = self.total_samples // self.ranks
         self.max_resident_frames = 0
 
     def action_counts(self, n_actions: int) -> np.ndarray:
@@ -112,6 +118,11 @@ class DemoDataset(IterableDataset):
                 pieces.append((i, start, min(e.length, start + self.block_size)))
         return pieces
 
+    def _allowed(self, piece: tuple[int, int, int]) -> int:
+        """Samples of a segment whose action the mask allows."""
+        i, start, stop = piece
+        return int(self.action_mask[self._actions[i][start:stop]].sum())
+
     def _load(self, piece: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(windows view, actions, allowed positions) of one segment."""
         i, start, stop = piece
@@ -134,11 +145,14 @@ class DemoDataset(IterableDataset):
         order = rng.permutation(len(pieces)) if self.shuffle else np.arange(len(pieces))
         group = len(pieces) if self.cached else self.shuffle_blocks
         groups = [order[i:i + group] for i in range(0, len(order), group)]
+        counts = [self._allowed(pieces[j]) for j in order]
+        offsets = np.concatenate([[0], np.cumsum(counts)])[::group] if counts else [0]
+        groups = [(g, members, offsets[g]) for g, members in enumerate(groups)]
         worker = get_worker_info()
         if worker is not None:
             groups = groups[worker.id::worker.num_workers]
         carry: tuple[np.ndarray, np.ndarray] | None = None  # a short batch from the last group
-        for g, members in enumerate(groups):
+        for g, members, offset in groups:
             loaded = [self._load(pieces[j]) for j in members]
             if not self.cached:
                 self.max_resident_frames = max(
@@ -151,6 +165,12 @@ class DemoDataset(IterableDataset):
             if self.shuffle:
                 index = index[np.random.default_rng([self.seed, self.epoch, g]).permutation(
                     len(index))]
+            if self.ranks > 1:
+                position = offset + np.arange(len(index))
+                index = index[(position % self.ranks == self.rank)
+                              & (position < self.ranks * self.num_samples)]
+                if len(index) == 0:
+                    continue
             start = 0
             if carry is not None:  # top up the previous group's short batch first
                 start = self.batch_size - len(carry[1])

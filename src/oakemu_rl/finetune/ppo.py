@@ -17,6 +17,7 @@ Checkpoints every `checkpoint_every` updates (`ppo_last.pt`, with optimizer stat
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import time
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .. import runs
+from .. import distributed, runs
 from ..agents import greedy_agent
 from ..agents.play import EvalConfig, play_games
 from ..checkpoint import (
@@ -47,7 +48,7 @@ from ..errors import ConfigError, OakEmuError, check_finite
 from ..metrics import MetricsLogger
 from ..model import PPOModel
 from ..rl.losses import PPOBatch, PPOCoefficients, bc_loss, ppo_loss
-from ..rl.returns import explained_variance, gae
+from ..rl.returns import gae
 from ..rl.rollout import Rollout, RolloutCollector
 from ..runtime import SEED_MAX, resolve_device, torch_threads
 
@@ -167,7 +168,12 @@ class PPOConfig:
 
     @property
     def num_updates(self) -> int:
-        return max(1, self.total_steps // self.batch_size)
+        return self.updates()
+
+    def updates(self, world_size: int = 1) -> int:
+        """Updates of a run on `world_size` ranks: each update takes a global batch of
+        world_size × num_envs × num_steps agent steps."""
+        return max(1, self.total_steps // (self.batch_size * world_size))
 
     @property
     def coefficients(self) -> PPOCoefficients:
@@ -179,11 +185,11 @@ class PPOConfig:
 # -- schedules (pure) --------------------------------------------------------------------
 
 
-def lr_at(config: PPOConfig, update: int) -> float:
+def lr_at(config: PPOConfig, update: int, world_size: int = 1) -> float:
     """Learning rate of update `update` (1-based) before the warm-up factor."""
     if not config.anneal_lr:
         return config.lr
-    return config.lr * (1.0 - (update - 1) / config.num_updates)
+    return config.lr * (1.0 - (update - 1) / config.updates(world_size))
 
 
 def policy_lr_factor(config: PPOConfig, update: int) -> float:
@@ -222,20 +228,29 @@ def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
     """Run PPO from `checkpoint` (default: the run directory's calibrated.pt) and return
     the path of ppo.pt. `resume` continues the run directory's ppo_last.pt; `bc_demos`
     feed the BC loss (default: the demo files the starting policy was cloned from)."""
+    world, torch_device = distributed.init(resolve_device(device))
     with torch_threads(config.threads):
         if config.from_scratch:  # nothing to protect: plain PPO
             config = dataclasses.replace(config, warmup_updates=0, warmup_ramp_updates=0,
                                          kl_coef=0.0, bc_coef=0.0)
         source, start, run_dir = _starting_checkpoint(run_dir, checkpoint)
-        trainer = _Trainer(config, start, run_dir, resolve_device(device), progress)
+        trainer = _Trainer(config, start, run_dir, torch_device, progress, world)
         trainer.inputs = [source]
         if resume:
             trainer.resume()
         if config.bc_coef > 0:
             demos = bc_demos or tuple(lineage_inputs(start, "bc"))
-            trainer.demo_batches = _demo_batches(config, start, demos)
+            trainer.demo_batches = _demo_batches(config, start, demos, world)
             trainer.inputs += demos
-        trainer.train()
+        try:
+            trainer.train()
+        except distributed.collective_failures() as error:
+            if not world.enabled:
+                raise
+            kept = (f"the last good checkpoint is {trainer.last_path}; continue from it with "
+                    "the same command and --resume" if trainer.saved
+                    else "no checkpoint was written by this run")
+            raise distributed.lost_peer(world, error, kept) from None
         return trainer.finish()
 
 
@@ -250,7 +265,8 @@ def _starting_checkpoint(run_dir: str | Path | None, checkpoint: str | Path | No
     return source, load_checkpoint(source), found
 
 
-def _demo_batches(config: PPOConfig, start: Checkpoint, paths: tuple[str, ...]):
+def _demo_batches(config: PPOConfig, start: Checkpoint, paths: tuple[str, ...],
+                  world: distributed.World = distributed.SINGLE):
     """An endless stream of shuffled (observation, action) demo batches, forbidden actions
     left out as BC leaves them out, read in blocks rather than row by row."""
     if not paths:
@@ -262,7 +278,7 @@ def _demo_batches(config: PPOConfig, start: Checkpoint, paths: tuple[str, ...]):
     train, _ = split_episodes(demos, 0.0, config.seed)
     dataset = DemoDataset(demos, train, batch_size=config.bc_batch_size,
                           action_mask=np.asarray(start.action_mask), seed=config.seed,
-                          cache_bytes=256 << 20)
+                          cache_bytes=256 << 20, shard=(world.rank, world.world_size))
     return _epochs(dataset)
 
 
@@ -280,9 +296,12 @@ class _Trainer:
     """The state of one PPO run: model, frozen reference, optimizer, envs, counters."""
 
     def __init__(self, config: PPOConfig, start: Checkpoint, run_dir: Path,
-                 device: torch.device, progress: bool) -> None:
+                 device: torch.device, progress: bool,
+                 world: distributed.World = distributed.SINGLE) -> None:
         self.config, self.start, self.run_dir = config, start, run_dir
-        self.device, self.progress = device, progress
+        self.device, self.world = device, world
+        self.progress = progress and world.is_main
+        self.num_updates = config.updates(world.world_size)
         self.spec = EnvSpec.from_dict(start.env_spec)
         torch.manual_seed(config.seed)
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -292,6 +311,7 @@ class _Trainer:
             # oneDNN's channels-last convolutions train faster than NCHW on the CPU
             # (benchmarks/ppo_throughput.py); checkpoints are still written NCHW.
             model = model.to(memory_format=torch.channels_last)
+        distributed.broadcast_model(world, model)
         self.model = model
         self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.shared = [*model.conv.parameters(), *model.fc.parameters(),
@@ -321,6 +341,12 @@ class _Trainer:
         last = load_checkpoint(path)
         if last.stage != "ppo" or "optimizer" not in last.extra:
             raise OakEmuError(f"{path} is not a resumable PPO checkpoint")
+        ranks = int(last.extra.get("world_size", 1))
+        if ranks != self.world.world_size:
+            raise OakEmuError(
+                f"{path} was written by a run on {ranks} rank(s), and this one has "
+                f"{self.world.world_size}: the ranks set the batch and so the schedule; resume "
+                f"with {ranks} process(es) (torchrun --nproc-per-node and --nnodes)")
         changed = [k for k in RESUME_KEYS if k in last.config
                    and last.config[k] != getattr(self.config, k)]
         if changed:
@@ -342,34 +368,43 @@ class _Trainer:
         config = self.config
         learning = dataclasses.replace(self.spec, reward_clipping=config.reward_clipping,
                                        episodic_life=config.episodic_life)
-        self.collector = RolloutCollector(learning, self.model, self.mask,
-                                          num_envs=config.num_envs, num_steps=config.num_steps,
-                                          device=self.device, seed=config.seed
-                                          + self.first_update)
-        self.collector.global_step = self.global_step
-        bar = tqdm(total=config.num_updates, initial=self.first_update - 1,
+        # Rank r steps the envs a single process with ranks × num_envs envs would number
+        # r × num_envs onwards, with the same seeds: the ranks split one run's envs.
+        self.collector = RolloutCollector(
+            learning, self.model, self.mask, num_envs=config.num_envs,
+            num_steps=config.num_steps, device=self.device,
+            seed=config.seed + self.first_update + self.world.rank * config.num_envs)
+        self.collector.global_step = self.global_step // self.world.world_size
+        bar = tqdm(total=self.num_updates, initial=self.first_update - 1,
                    disable=not self.progress, desc="ppo", unit="update")
         resumed = self.first_update > 1
+        logger = MetricsLogger(self.run_dir, "ppo",
+                               resume_after=self.global_step if resumed else None) \
+            if self.world.is_main else contextlib.nullcontext(_NoLog())
         try:
-            with MetricsLogger(self.run_dir, "ppo",
-                               resume_after=self.global_step if resumed else None) as log:
+            with logger as log:
                 started = (time.perf_counter(), self.global_step)
-                for update in range(self.first_update, config.num_updates + 1):
+                for update in range(self.first_update, self.num_updates + 1):
                     record = self.update(update, started)
-                    log.log(self.collector.global_step, record)
-                    if update % config.checkpoint_every == 0 or update == config.num_updates:
+                    log.log(self.steps_done(), record)
+                    if update % config.checkpoint_every == 0 or update == self.num_updates:
                         self.save(self.last_path, update, final=False)
                     _show(bar, record)
-                if config.eval_episodes:
-                    log.log(self.collector.global_step, self.evaluate(config.num_updates))
+                if config.eval_episodes and self.world.is_main:
+                    log.log(self.steps_done(), self.evaluate(self.num_updates))
         finally:
             bar.close()
             self.collector.close()
 
+    def steps_done(self) -> int:
+        """Agent steps so far over every rank."""
+        return self.collector.global_step * self.world.world_size
+
     def update(self, update: int, started: tuple[float, int]) -> dict[str, Any]:
         """One rollout and its epochs of minibatch steps; returns the update's metrics."""
         config, collector = self.config, self.collector
-        lr, factor = lr_at(config, update), policy_lr_factor(config, update)
+        lr = lr_at(config, update, self.world.world_size)
+        factor = policy_lr_factor(config, update)
         self.optimizer.param_groups[0]["lr"] = lr * factor
         self.optimizer.param_groups[1]["lr"] = lr
         rollout = collector.collect()
@@ -377,13 +412,15 @@ class _Trainer:
         stats, stopped = self.learn(rollout, update, frozen=factor == 0)
         collector.timings.learn += time.perf_counter() - learn_start
         elapsed = time.perf_counter() - started[0]
+        recent = distributed.gather_objects(self.world, (list(collector.stats.returns)[-20:],
+                                                         list(collector.stats.lengths)[-20:]))
         record = {
             "charts/learning_rate": lr,
             "charts/policy_lr_factor": factor,
-            "charts/SPS": (collector.global_step - started[1]) / max(elapsed, 1e-9),
+            "charts/SPS": (self.steps_done() - started[1]) / max(elapsed, 1e-9),
             "charts/update": update,
-            "charts/episodic_return": _mean(list(collector.stats.returns)[-20:]),
-            "charts/episodic_length": _mean(list(collector.stats.lengths)[-20:]),
+            "charts/episodic_return": _mean([r for returns, _ in recent for r in returns]),
+            "charts/episodic_length": _mean([n for _, lengths in recent for n in lengths]),
             "losses/explained_variance": stats.pop("explained_variance"),
             "guards/kl_coef": kl_weight(config, update),
             "guards/bc_coef": bc_weight(config, update) if self.demo_batches else 0.0,
@@ -394,10 +431,18 @@ class _Trainer:
                           ("old_approx_kl", "losses/old_approx_kl"),
                           ("clipfrac", "losses/clipfrac"), ("kl_ref", "guards/kl_ref"),
                           ("bc", "guards/bc_loss")):
-            record[name] = _mean(stats.get(key, []))
-        if config.eval_every and update % config.eval_every == 0:
+            record[name] = self.across_ranks(stats.get(key, []))
+        if config.eval_every and update % config.eval_every == 0 and self.world.is_main:
             record |= self.evaluate(update)
         return record
+
+    def across_ranks(self, values: list[torch.Tensor]) -> float | None:
+        """The mean over minibatches and ranks of one statistic (None when it is absent)."""
+        mean = _mean(values)
+        if not self.world.enabled or mean is None:
+            return mean
+        total = distributed.sum_over_ranks(self.world, torch.tensor([mean], device=self.device))
+        return float(total[0]) / self.world.world_size
 
     def learn(self, rollout: Rollout, update: int, *, frozen: bool
               ) -> tuple[dict[str, Any], bool]:
@@ -433,16 +478,32 @@ class _Trainer:
                     for key, value in step.items():
                         stats.setdefault(key, []).append(value)
                 if config.target_kl is not None and \
-                        float(stats["approx_kl"][-1]) > config.target_kl:
-                    return _with_ev(stats, batch), True
+                        self.across_ranks(stats["approx_kl"][-1:]) > config.target_kl:
+                    return self.with_ev(stats, batch), True
         finally:
             for parameter in self.shared:
                 parameter.requires_grad_(True)
-        return _with_ev(stats, batch), False
+        return self.with_ev(stats, batch), False
+
+    def with_ev(self, stats: dict[str, Any], batch: PPOBatch) -> dict[str, Any]:
+        """`stats` with the explained variance of the rollout's values over every rank."""
+        values, returns = batch.values.double(), batch.returns.double()
+        residual = returns - values
+        sums = distributed.sum_over_ranks(self.world, torch.stack([
+            returns.new_tensor(float(len(returns))), returns.sum(), returns.pow(2).sum(),
+            residual.sum(), residual.pow(2).sum()]))
+        n, s, ss, rs, rss = (float(v) for v in sums)
+        var = ss / n - (s / n) ** 2
+        stats["explained_variance"] = float("nan") if var <= 0 else \
+            1.0 - (rss / n - (rs / n) ** 2) / var
+        return stats
 
     def step(self, obs: torch.Tensor, batch: PPOBatch, coef: PPOCoefficients, bc_w: float,
              update: int) -> dict[str, torch.Tensor]:
         """One optimizer step on one minibatch; returns its statistics."""
+        if self.world.enabled and coef.norm_adv:
+            batch = dataclasses.replace(batch, advantages=self.normalized(batch.advantages))
+            coef = dataclasses.replace(coef, norm_adv=False)
         logits, values = self.model(obs)
         loss, stats = ppo_loss(logits, values.squeeze(-1), self.mask, batch, coef)
         if self.demo_batches is not None and bc_w > 0:
@@ -452,14 +513,27 @@ class _Trainer:
             loss = loss + bc_w * bc
             stats["bc"] = bc.detach()
         outcome = self.stopped_outcome()
-        check_finite(loss, "the PPO loss", where=f"update {update}", outcome=outcome)
+        # Every rank checks the same number (the mean over ranks), so all stop together.
+        check_finite(self.across_ranks([loss.detach()]), "the PPO loss",
+                     where=f"update {update}", outcome=outcome)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         learning = [p for p in self.model.parameters() if p.grad is not None]
+        distributed.average_gradients(self.world, learning)
         norm = torch.nn.utils.clip_grad_norm_(learning, self.config.max_grad_norm)
         check_finite(norm, "a PPO gradient", where=f"update {update}", outcome=outcome)
         self.optimizer.step()
         return stats
+
+    def normalized(self, advantages: torch.Tensor) -> torch.Tensor:
+        """Advantages normalised by the mean and (unbiased) std of the global minibatch:
+        the union of every rank's minibatch, as one process with all the envs would."""
+        a = advantages.double()
+        n, s, ss = (float(v) for v in distributed.sum_over_ranks(self.world, torch.stack([
+            a.new_tensor(float(len(a))), a.sum(), a.pow(2).sum()])))
+        mean = s / n
+        std = max((ss - n * mean * mean) / max(n - 1, 1), 0.0) ** 0.5
+        return (advantages - mean) / (std + 1e-8)
 
     def stopped_outcome(self) -> str:
         if self.saved:
@@ -481,14 +555,21 @@ class _Trainer:
         return self.last_eval
 
     def save(self, path: Path, update: int, *, final: bool) -> None:
-        extra = {} if final else {
+        """Rank 0 writes `path`, with every rank's weight digest; every rank then knows a
+        good checkpoint exists."""
+        ranks = {"world_size": self.world.world_size,
+                 "rank_weight_sha256": distributed.weight_digests(self.world, self.model)}
+        if not self.world.is_main:
+            self.saved = True
+            return
+        extra = ranks if final else ranks | {
             "optimizer": self.optimizer.state_dict(),
             "reference": plain_state_dict(self.reference),
             "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state()}
         checkpoint = Checkpoint.from_model(
             self.model, stage="ppo", action_meanings=self.start.action_meanings,
             action_mask=self.start.action_mask, env_spec=self.start.env_spec,
-            steps={"updates": update, "global_step": self.collector.global_step},
+            steps={"updates": update, "global_step": self.steps_done()},
             config=dataclasses.asdict(self.config),
             extra=extra | {"timings": self.collector.timings.as_dict(), "eval": self.last_eval},
             parent=self.start, inputs=self.inputs)
@@ -497,8 +578,10 @@ class _Trainer:
 
     def finish(self) -> Path:
         path = self.run_dir / runs.STAGE_FILES["ppo"]
-        self.save(path, self.config.num_updates, final=True)
-        runs.remember_run(self.run_dir)
+        self.save(path, self.num_updates, final=True)
+        distributed.barrier(self.world)  # the other ranks return once ppo.pt is written
+        if self.world.is_main:
+            runs.remember_run(self.run_dir)
         if self.progress:
             t = self.collector.timings
             total = max(t.env + t.inference + t.learn, 1e-9)
@@ -517,10 +600,11 @@ def _take(batch: PPOBatch, idx: torch.Tensor) -> PPOBatch:
                        else getattr(batch, f.name)[idx] for f in dataclasses.fields(batch)})
 
 
-def _with_ev(stats: dict[str, Any], batch: PPOBatch) -> dict[str, Any]:
-    stats["explained_variance"] = explained_variance(batch.values.cpu().numpy(),
-                                                     batch.returns.cpu().numpy())
-    return stats
+class _NoLog:
+    """The metrics logger of a rank other than 0: rank 0 alone writes metrics."""
+
+    def log(self, step: int, record: dict[str, Any]) -> None:
+        pass
 
 
 def _show(bar: tqdm, record: dict[str, Any]) -> None:

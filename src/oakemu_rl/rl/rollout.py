@@ -56,6 +56,10 @@ class EpisodeStats:
     finished: int = 0
 
 
+_SAMPLING_SALT = 0x5EED_0000
+"""Keeps the sampling streams apart from the emulators' own seeds."""
+
+
 class RolloutCollector:
     """Steps `num_envs` emulators with a policy, `num_steps` at a time."""
 
@@ -80,6 +84,11 @@ class RolloutCollector:
         self.greedy = greedy
         self.env = make_vector_env(spec.for_evaluation(), num_envs, same_step_reset=True)
         obs, info = self.env.reset(seed=seed)
+        # One sampling stream per env, seeded like the env (env i plays seed + i): a run
+        # whose envs are split over several processes samples the actions one process
+        # with all of them would.
+        self.generators = [torch.Generator().manual_seed(_SAMPLING_SALT + seed + i)
+                           for i in range(num_envs)]
         self.next_obs = obs
         self.lives = np.asarray(info["lives"]).copy()
         self.raw_return = np.zeros(num_envs)
@@ -99,14 +108,20 @@ class RolloutCollector:
 
     @torch.no_grad()
     def _act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(action, its log-probability, value) per env: the argmax when greedy, else a
+        sample of the masked policy (Gumbel-max with each env's own noise)."""
+        logits, value = self.model(obs)
+        log_probs = masked_log_softmax(logits, self.mask)
         if self.greedy:
-            logits, value = self.model(obs)
-            log_probs = masked_log_softmax(logits, self.mask)
             action = log_probs.argmax(-1)
-            log_prob = log_probs.gather(-1, action[:, None])[:, 0]
-            return action, log_prob, value[:, 0]
-        bundle = self.model.get_action_bundle(obs, action_mask=self.mask)
-        return bundle.action, bundle.log_prob, bundle.value
+        else:
+            uniform = torch.stack([torch.rand(log_probs.shape[-1], generator=g)
+                                   for g in self.generators]).to(log_probs.device)
+            gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-12)))
+            action = (log_probs + gumbel).where(self.mask, torch.finfo(log_probs.dtype).min) \
+                .argmax(-1)
+        log_prob = log_probs.gather(-1, action[:, None])[:, 0]
+        return action, log_prob, value[:, 0]
 
     @torch.no_grad()
     def collect(self) -> Rollout:
