@@ -575,7 +575,8 @@ class _HumanPlayer(_RamDemonstrator):
     Each step it compares every `PLAN`-step sequence of {still, forward, back} that keeps
     the hold rule (given the run in progress) and takes the first move of the best one:
     near a contact, the plan most likely to put the paddle where the ball lands well;
-    otherwise the plan whose paddle settles nearest a target.
+    with the contact further off, the plan whose resting place leaves the best of those
+    (Pong) or settles nearest a target (Breakout, and a paddle waiting for the ball).
     """
 
     HOLD = 3
