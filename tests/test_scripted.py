@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -11,8 +12,10 @@ from oakemu_rl.agents.scripted import (
     SCRIPTED_GAMES,
     SCRIPTED_STYLES,
     BreakoutDemonstrator,
+    BreakoutHuman,
     PongDemonstrator,
     PongFollower,
+    PongHuman,
     make_demonstrator,
 )
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings, make_env
@@ -54,12 +57,17 @@ def test_unknown_game_raises() -> None:
 
 
 def test_styles_and_unknown_style() -> None:
-    assert SCRIPTED_STYLES["pong"] == {"planner": PongDemonstrator, "follow": PongFollower}
+    assert SCRIPTED_STYLES["pong"] == {"planner": PongDemonstrator, "follow": PongFollower,
+                                       "human": PongHuman}
+    assert SCRIPTED_STYLES["breakout"] == {"planner": BreakoutDemonstrator,
+                                           "human": BreakoutHuman}
     for game, styles in SCRIPTED_STYLES.items():
         assert styles["planner"] is SCRIPTED_GAMES[game]
     assert isinstance(make_demonstrator(EnvSpec(game="pong"), style="follow"), PongFollower)
+    assert isinstance(make_demonstrator(EnvSpec(game="breakout"), style="human"),
+                      BreakoutHuman)
     with pytest.raises(EnvError, match="scripted breakout player has no style 'follow'; "
-                                       "styles: planner"):
+                                       "styles: planner, human"):
         make_demonstrator(EnvSpec(game="breakout"), style="follow")
 
 
@@ -188,3 +196,178 @@ def test_relabelling_planner_remembers_the_moves_really_played(tmp_path) -> None
     record(RecordConfig(out=tmp_path / "r.h5", spec=spec, episodes=1, max_steps=4,
                         progress=False), planner, LeftThenStill())
     assert list(planner._history) == [planner._direction_of(a) for a in (3, 0, 3, 3)]
+
+
+# -- the "human" style ----------------------------------------------------------------------
+
+
+def press_runs(directions: list[int]) -> list[tuple[int, int]]:
+    """(direction, length) of each run of equal directions, in order."""
+    runs: list[list[int]] = []
+    for u in directions:
+        if runs and runs[-1][0] == u:
+            runs[-1][1] += 1
+        else:
+            runs.append([u, 1])
+    return [(u, n) for u, n in runs]
+
+
+@pytest.mark.parametrize("game", ["pong", "breakout"])
+def test_human_holds_each_key_for_the_minimum(game: str) -> None:
+    spec = EnvSpec(game=game)  # sticky actions 0.25
+    agent = make_demonstrator(spec, seed=0, style="human")
+    actions, _ = play(spec, agent, 1500)
+    directions = [agent._direction_of(a) for a in actions]
+    runs = press_runs(directions)[:-1]  # the last run may be cut off by the end of play
+    presses = [n for u, n in runs if u != 0]
+    assert {u for u, _ in runs} == {-1, 0, 1}  # it moves both ways and rests
+    assert len(presses) >= 20
+    assert min(presses) >= agent.HOLD >= 3, sorted(presses)[:5]
+    # The planner taps: the same check fails for it.
+    planner = make_demonstrator(spec, seed=0)
+    taps, _ = play(spec, planner, 1500)
+    assert min(n for u, n in press_runs([planner._direction_of(a) for a in taps])[:-1]
+               if u != 0) < 3
+
+
+class _Screen:
+    """Stands in for the env: `agent.act` reads only `env.unwrapped.ale.getRAM()`."""
+
+    def __init__(self, ram: np.ndarray) -> None:
+        self.unwrapped = self
+        self.ale = self
+        self.ram = ram
+
+    def getRAM(self) -> np.ndarray:  # the emulator's name
+        return self.ram
+
+
+# RAM bytes of what the screen shows: own paddle, ball x, ball y (see the classes).
+_SHOWN = {"pong": (51, 49, 54), "breakout": (72, 99, 101)}
+
+
+@pytest.mark.parametrize("game", ["pong", "breakout"])
+def test_human_decides_from_what_it_saw_delay_steps_ago(game: str) -> None:
+    """Whatever the screen shows in the newest DELAY steps cannot change the decisions
+    of those steps; what it showed DELAY steps before does change them."""
+    spec = EnvSpec(game=game)
+    env = make_env(spec)
+    agent = make_demonstrator(spec, seed=0, style="human")
+    delay = agent.DELAY
+    assert 2 <= delay <= 3
+    rng = np.random.default_rng(0)
+    try:
+        observation, _ = env.reset(seed=0)
+        agent.reset(env, 0)
+        rams, actions, forks = [], [], []
+        for t in range(700):
+            if t % 7 == 0 and t > 40:
+                forks.append((t, copy.deepcopy(agent)))
+            rams.append(env.unwrapped.ale.getRAM().copy())
+            action = agent.act(env, observation)
+            actions.append(action)
+            observation, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                break
+    finally:
+        env.close()
+
+    def garbled(ram: np.ndarray) -> np.ndarray:
+        ram = ram.copy()
+        for byte in _SHOWN[game]:
+            ram[byte] = rng.integers(40, 200)
+        return ram
+
+    changed = 0
+    for t, fork in forks:
+        if t + delay >= len(actions):
+            break
+        # Garble the newest `delay` screens: the same keys as the real run.
+        for s in range(t, t + delay):
+            assert fork.act(_Screen(garbled(rams[s])), None) == actions[s], (t, s)
+        # One step later the decision rests on the first garbled screen.
+        changed += fork.act(_Screen(rams[t + delay]), None) != actions[t + delay]
+    assert changed >= 3, changed
+
+
+def test_human_wins_pong_points() -> None:
+    spec = EnvSpec(game="pong")  # sticky actions 0.25, against the built-in opponent
+    env = make_env(spec)
+    agent = make_demonstrator(spec, seed=0, style="human")
+    won = lost = 0
+    try:
+        observation, _ = env.reset(seed=0)
+        agent.reset(env, 0)
+        for _ in range(2500):
+            observation, reward, terminated, truncated, _ = env.step(
+                agent.act(env, observation))
+            won += reward > 0
+            lost += reward < 0
+            if terminated or truncated:
+                break
+    finally:
+        env.close()
+    assert won >= 4 and won > 2 * lost, (won, lost)
+
+
+def test_human_breaks_breakout_bricks() -> None:
+    spec = EnvSpec(game="breakout")
+    _, total = play(spec, make_demonstrator(spec, seed=0, style="human"), 1000)
+    assert total >= 20
+
+
+@pytest.mark.parametrize("game", ["pong", "breakout"])
+def test_human_noise_takes_random_actions_at_the_given_rate(game: str) -> None:
+    """With noise P an action is replaced by a uniformly drawn allowed one with chance P:
+    it differs from the noise-free decision (made by a noise-free copy of the agent) on
+    about P * (1 - 1/allowed) of the steps; same seeds, same actions."""
+    spec = EnvSpec(game=game)
+    env = make_env(spec)
+    agent = make_demonstrator(spec, seed=3, noise=0.3, style="human")
+    allowed = int(action_mask(spec).sum())
+    differ, steps = 0, 600
+    try:
+        observation, _ = env.reset(seed=1)
+        agent.reset(env, 1)
+        taken = []
+        for _ in range(steps):
+            calm = copy.deepcopy(agent)
+            calm.noise = 0.0
+            action = agent.act(env, observation)
+            differ += calm.act(env, observation) != action
+            taken.append(action)
+            observation, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                observation, _ = env.reset(seed=2)
+                agent.reset(env, 2)
+    finally:
+        env.close()
+    expected = 0.3 * (1 - 1 / allowed)
+    assert abs(differ / steps - expected) < 0.07, (differ / steps, expected)
+    again, _ = play(spec, make_demonstrator(spec, seed=3, noise=0.3, style="human"), 300,
+                    seed=1)
+    assert again == taken[:300]
+    other, _ = play(spec, make_demonstrator(spec, seed=4, noise=0.3, style="human"), 300,
+                    seed=1)
+    assert other != again
+
+
+def test_human_keeps_the_action_mask_and_the_played_moves() -> None:
+    spec = EnvSpec(game="pong", forbidden_actions=("FIRE", "RIGHTFIRE", "LEFTFIRE"))
+    mask = action_mask(spec)
+    actions, _ = play(spec, make_demonstrator(spec, seed=0, noise=0.3, style="human"), 400)
+    assert all(mask[a] for a in actions)
+    # Relabelling: when another agent's move is played, the hold follows that move.
+    agent = make_demonstrator(EnvSpec(game="pong"), seed=0, style="human")
+    env = make_env(EnvSpec(game="pong"))
+    try:
+        observation, _ = env.reset(seed=0)
+        agent.reset(env, 0)
+        right = action_meanings("pong").index("RIGHT")
+        agent.act(env, observation)
+        agent.was_taken(right)  # a press began: the next HOLD - 1 labels keep it
+        for _ in range(agent.HOLD - 1):
+            observation, *_ = env.step(right)
+            assert agent.act(env, observation) == right
+    finally:
+        env.close()

@@ -15,6 +15,10 @@ is (sticky actions make each press a few frames longer or shorter). A lone press
 paddle 22 units but its first frames move it only 2-10, so pressing *late*, timed to the
 contact frame, is how the paddle lands within a few units of where it should be.
 
+The "human" style (`PongHuman`, `BreakoutHuman`) plans with the same paddle model under
+two rules a person's play follows: a key once pressed stays down for at least 3 agent
+steps, and each decision uses the screen as it was 2 steps (about 130 ms) before.
+
 Actions are chosen by meaning ("RIGHT", "LEFTFIRE", ...), never by index, so the minimal
 and the full action space both work, and only actions the spec's mask allows are taken.
 """
@@ -36,8 +40,10 @@ __all__ = [
     "SCRIPTED_GAMES",
     "SCRIPTED_STYLES",
     "BreakoutDemonstrator",
+    "BreakoutHuman",
     "PongDemonstrator",
     "PongFollower",
+    "PongHuman",
     "make_demonstrator",
 ]
 
@@ -555,12 +561,324 @@ class BreakoutDemonstrator(_RamDemonstrator):
         return self._action_for(self._steer_to(d, 0, x_hit - self.CENTRE))
 
 
+class _HumanPlayer(_RamDemonstrator):
+    """Shared machinery of the "human" style: held keys, a reaction delay, visible state.
+
+    A person presses a direction key and keeps it down for a while: every press here
+    lasts at least `HOLD` agent steps (a run of the same direction, never a one-step tap).
+    A person also reacts to what they saw a moment ago: each decision uses the screen as
+    it was `DELAY` agent steps before (and the step before that, for the ball's motion),
+    which a policy that sees the last 4 stacked frames also sees. What happened since is
+    filled in the way a player knows it: from the keys they pressed, whose effect on the
+    paddle follows the measured step response.
+
+    Each step it compares every `PLAN`-step sequence of {still, forward, back} that keeps
+    the hold rule (given the run in progress) and takes the first move of the best one:
+    near a contact, the plan most likely to put the paddle where the ball lands well;
+    with the contact further off, the plan whose resting place leaves the best of those
+    (Pong) or settles nearest a target (Breakout, and a paddle waiting for the ball).
+    """
+
+    HOLD = 3
+    """Fewest agent steps a direction key stays down once pressed."""
+    DELAY = 2
+    """Agent steps between the screen a decision uses and the step it is taken at."""
+    PLAN = 8
+    """Length, in agent steps, of the key sequences compared."""
+    FAR_SWITCH_COST = 4.0
+    """Cost, in RAM units of distance, of each key change while steering to a target."""
+    LATE_COST = 0.2
+    """Cost, in RAM units, of putting off a press by a step while steering to a target."""
+    AHEAD_SWITCH_COST = 0.01
+    """Cost, in the values of returns, of each key change while heading for a contact."""
+
+    def __init__(self, spec: EnvSpec, *, seed: int = 0, noise: float = 0.0) -> None:
+        super().__init__(spec, seed=seed, noise=noise)
+        plans = np.array(list(itertools.product((0, 1, -1), repeat=self.PLAN)), dtype=float)
+        keep, first_dir, first_len, first_open = [], [], [], []
+        for plan in plans:
+            runs: list[list[float]] = []  # [direction, length]
+            for u in plan:
+                if runs and runs[-1][0] == u:
+                    runs[-1][1] += 1
+                else:
+                    runs.append([u, 1])
+            inner = runs[1:-1] if len(runs) > 2 else []
+            # The first run may go on from the press in progress and the last one may go
+            # on after the plan; the runs between must each be long enough.
+            if all(u == 0 or n >= self.HOLD for u, n in inner):
+                keep.append(plan)
+                first_dir.append(runs[0][0])
+                first_len.append(runs[0][1])
+                first_open.append(len(runs) == 1)
+        self._hplans = np.array(keep)
+        self._first_dir = np.array(first_dir)
+        self._first_len = np.array(first_len)
+        self._first_open = np.array(first_open)
+        edges = np.zeros((len(self._hplans), 1))
+        padded = np.hstack([edges, self._hplans, edges])  # still before and after
+        self._hswitches = (np.diff(padded, axis=1) != 0).sum(axis=1)
+        self._hlateness = np.abs(self._hplans) @ np.arange(self.PLAN)
+        self._fresh = (self._first_dir == 0) | (self._first_len >= self.HOLD) | self._first_open
+        self._spots = np.arange(math.floor(self.response.lo), math.ceil(self.response.hi) + 1,
+                                dtype=float)
+        self._worth: dict[tuple[Any, ...], np.ndarray] = {}
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def _forget(self) -> None:
+        super()._forget()
+        self._seen: deque[tuple[float, ...]] = deque(maxlen=self.DELAY + 3)  # newest first
+        self._taken: deque[int] = deque([0] * (self.DELAY + 4), maxlen=self.DELAY + 4)
+        self._run = (0, 0)  # direction of the key down (0: none) and steps it has been down
+        self._run_before = (0, 0)
+
+    def act(self, env: Any, observation: np.ndarray) -> int:
+        self._seen.appendleft(self._look(env.unwrapped.ale.getRAM()))
+        action = self._decide()
+        if self.noise > 0.0 and self.rng.random() < self.noise:
+            action = int(self.rng.choice(self.actions.allowed))
+        self._note(action, replace=False)
+        return action
+
+    def was_taken(self, action: int) -> None:
+        self._note(action, replace=True)
+
+    def _note(self, action: int, *, replace: bool) -> None:
+        u = self._direction_of(action)
+        if replace:
+            self._taken[0] = self._history[0] = u
+            self._run = self._run_before
+        else:
+            self._taken.appendleft(u)
+            self._history.appendleft(u)
+        self._run_before = self._run
+        direction, held = self._run
+        self._run = (u, held + 1 if u == direction else 1)
+
+    def _look(self, ram: np.ndarray) -> tuple[float, ...]:
+        """What the screen shows, read from RAM: (paddle, ball x, ball y, frame phase)."""
+        raise NotImplementedError
+
+    def _decide(self) -> int:
+        raise NotImplementedError
+
+    def _reference(self) -> tuple[int, tuple[float, ...], list[tuple[float, ...]]]:
+        """(steps since the screen the decision uses, that screen, the ones before it)."""
+        lag = min(self.DELAY, len(self._seen) - 1)
+        seen = list(self._seen)
+        return lag, seen[lag], seen[lag + 1:]
+
+    def _forced(self) -> int | None:
+        """The direction the hold rule still requires, if a press is not yet long enough."""
+        direction, held = self._run
+        return direction if direction != 0 and held < self.HOLD else None
+
+    # -- planning -------------------------------------------------------------------------
+
+    def _allowed(self) -> np.ndarray:
+        """Which plans keep the hold rule after the run in progress."""
+        direction, held = self._run
+        same = self._first_dir == direction
+        fresh_ok = (self._first_dir == 0) | (self._first_len >= self.HOLD) | self._first_open
+        if direction != 0 and held < self.HOLD:
+            return same & ((held + self._first_len >= self.HOLD) | self._first_open)
+        return (same & (direction != 0)) | fresh_ok
+
+    def _paddle_at(self, lag: int, d: float, phase: int, frames: int,
+                   taken: list[int] | None = None, clip: bool = True,
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and variance of the paddle `frames` frames after the screen `lag` steps
+        ago (paddle `d` there) for each plan, after the keys pressed since (`taken`,
+        newest first; default: the ones taken)."""
+        gain, svar = self._gain[phase], self._switch_var[phase]
+        last = len(gain) - 1
+        full = gain[last]
+        lo, hi = (self.response.lo, self.response.hi) if clip else (-np.inf, np.inf)
+
+        def g(x: np.ndarray | int, table: np.ndarray = gain) -> np.ndarray:
+            return table[np.clip(x, 0, last)]
+
+        taken = list(self._taken) if taken is None else taken
+        since = taken[:lag][::-1]  # oldest first
+        before = taken[lag:lag + 4]  # newest first
+        owed = sum(u * (g(frames + 4 * j) - g(4 * j)) for j, u in enumerate(before, 1))
+        owed_all = sum(u * (full - g(4 * j)) for j, u in enumerate(before, 1))
+        if owed_all:
+            room = np.clip(d + owed_all, lo, hi) - d
+            owed *= room / owed_all
+        n = len(self._hplans)
+        knob = np.full(n, float(np.clip(d + owed_all, lo, hi)))
+        mean = np.full(n, float(d) + owed)
+        var = np.full(n, self.base_var)
+        prev = np.full(n, float(before[0]) if before else 0.0)
+        steps = [np.full(n, float(u)) for u in since] + list(self._hplans.T)
+        for s, u in enumerate(steps):
+            moved = np.clip(knob + u * full, lo, hi) - knob  # the knob stops at its ends
+            knob += moved
+            mean += moved / full * g(frames - 4 * s)
+            var += (u - prev) ** 2 * g(frames - 4 * s, svar)
+            prev = u
+        var += prev**2 * g(frames - 4 * len(steps), svar)
+        return np.clip(mean, lo, hi), var
+
+    def _best(self, score: np.ndarray) -> int:
+        """First move of the allowed plan with the highest score."""
+        score = np.where(self._allowed(), score, -np.inf)
+        return int(self._hplans[int(np.argmax(score)), 0])
+
+    def _h_zones(self, lag: int, d: float, phase: int, frames: int, ball: float,
+                 edges: np.ndarray, values: np.ndarray, miss: float = -1.0) -> int:
+        mean, var = self._paddle_at(lag, d, phase, frames)
+        value = self._zone_values(ball - mean, var, edges, values, miss)
+        return self._best(value - 1e-3 * self._hswitches)
+
+    def _h_ahead(self, lag: int, d: float, phase: int, frames: int, ball: float,
+                 edges: np.ndarray, values: np.ndarray, miss: float = -1.0) -> int:
+        """For a contact more than PLAN steps off: the first move of the plan whose
+        resting place (a spread-out guess) leaves the best plans for when the contact is
+        PLAN steps away."""
+        near = frames - 4 * lag
+        near -= 4 * math.ceil((near - 4 * self.PLAN) / 4)
+        key = (round(ball * 2), near, phase, values.tobytes())
+        worth = self._worth.get(key)
+        if worth is None:
+            still = [0] * len(self._taken)
+            offset, var = self._paddle_at(0, 0.0, phase, near, still, clip=False)
+            offset, var = offset[self._fresh], var[self._fresh]
+            paddle = np.clip(self._spots[:, None] + offset[None, :], self.response.lo,
+                             self.response.hi)
+            worth = self._zone_values(ball - paddle, var[None, :], edges, values,
+                                      miss).max(axis=1)
+            if len(self._worth) > 512:
+                self._worth.clear()
+            self._worth[key] = worth
+        rest, rest_var = self._paddle_at(lag, d, phase, 4 * (lag + self.PLAN) + 32)
+        weight = np.exp(-0.5 * (self._spots[None, :] - rest[:, None]) ** 2 / rest_var[:, None])
+        expected = (weight @ worth) / weight.sum(axis=1)
+        return self._best(expected - self.AHEAD_SWITCH_COST * self._hswitches
+                          - 1e-3 * self._hlateness)
+
+    def _h_target(self, lag: int, d: float, phase: int, target: float) -> int:
+        mean, _ = self._paddle_at(lag, d, phase, 4 * (lag + self.PLAN) + 32)
+        cost = (np.abs(mean - target) + self.FAR_SWITCH_COST * self._hswitches
+                + self.LATE_COST * self._hlateness)
+        return self._best(-cost)
+
+
+class PongHuman(_HumanPlayer, PongDemonstrator):
+    """Pong played the way a practised person holds the keys (style "human").
+
+    It sees what the screen showed `DELAY` steps ago: the ball's position and motion and
+    its own paddle. While the ball comes in, it works out where the ball will cross the
+    paddle's column; far off, it heads the paddle for the spot from which the last `PLAN`
+    steps have the most to work with; in those steps it picks the held presses most likely
+    to return the ball steeply past the CPU (off the paddle's edge), or safely when that is
+    too unsure. While the ball travels away it waits mid-court.
+    """
+
+    RALLY_VALUE = 0.0
+    """A return the CPU gets back is worth nothing here: with held keys the paddle is
+    less sure of where it lands, and this keeps it going for the returns that win."""
+    SHAKE_AFTER, SHAKE = 2, 12.0
+    """Rallies break up sooner: after 2 returns, wait up to ±12 off the chosen spot."""
+
+    def _look(self, ram: np.ndarray) -> tuple[float, ...]:
+        return float(ram[51]), float(ram[49]), float(ram[54]), float(int(ram[8]) & 1)
+
+    def _decide(self) -> int:
+        lag, (d, bx, by, phase), older = self._reference()
+        forced = self._forced()
+        in_play = by != 0 and 0 < bx < 205
+        motion = None
+        if in_play and older and older[0][2] != 0 and 0 < older[0][1] < 205:
+            v = [bx - older[0][1], by - older[0][2]]
+            if abs(v[0]) <= 16 and abs(v[1]) <= 16:
+                if len(older) > 1 and older[1][2] != 0:
+                    last_vy = older[0][2] - older[1][2]
+                    if v[1] * last_vy < 0 and abs(v[1]) < abs(last_vy) and \
+                            min(by - self.Y_TOP, self.Y_BOTTOM - by) <= abs(last_vy):
+                        v[1] = -last_vy
+                motion = (v[0], v[1])
+        if not in_play:
+            self._returns, self._incoming = 0, False
+        if motion is not None and motion[0] < 0 and self._incoming:
+            self._returns += 1
+            self._incoming = False
+        frames = -1
+        if motion is not None and motion[0] > 0 and bx <= self.X_HIT:
+            frames = round((self.X_HIT - bx) * 4 / motion[0])
+        if frames - 4 * lag < 0:  # no ball coming (or it has met the paddle by now)
+            choice = self._h_target(lag, d, int(phase), self.REST_Y)
+            return self._action_for(forced if forced is not None else choice)
+        if not self._incoming:
+            self._incoming = True
+            long_rally = self._returns >= self.SHAKE_AFTER
+            self._shake = self.script_rng.uniform(-self.SHAKE, self.SHAKE) if long_rally else 0.0
+        vx, vy = motion  # type: ignore[misc]
+        y_hit = _reflect(by + vy * frames / 4, self.Y_TOP, self.Y_BOTTOM)
+        if frames - 4 * lag <= 4 * self.PLAN:
+            values = np.array([self._return_value(y_hit, v, vx) for v in self.ZONE_VY])
+            choice = self._h_zones(lag, d, int(phase), frames, y_hit,
+                                   np.array(self.ZONE_EDGES), values)
+        else:
+            values = np.array([self._return_value(y_hit, v, vx) for v in self.ZONE_VY])
+            choice = self._h_ahead(lag, d, int(phase), frames, y_hit + self._shake,
+                                   np.array(self.ZONE_EDGES), values)
+        return self._action_for(forced if forced is not None else choice)
+
+
+class BreakoutHuman(_HumanPlayer, BreakoutDemonstrator):
+    """Breakout played the way a practised person holds the keys (style "human").
+
+    It sees what the screen showed `DELAY` steps ago. With no ball in play it serves;
+    while the ball falls it works out where the ball will reach the paddle's row and
+    heads there, in the last `PLAN` steps picking the held presses most likely to put the
+    paddle under it; while the ball rises the paddle follows it.
+    """
+
+    def _look(self, ram: np.ndarray) -> tuple[float, ...]:
+        return float(ram[72]), float(ram[99]), float(ram[101]), 0.0
+
+    def _decide(self) -> int:
+        lag, (d, bx, by, _), older = self._reference()
+        forced = self._forced()
+        if by == 0:
+            return self._fire if forced is None else self._action_for(forced)
+        motion = None
+        if older and older[0][2] != 0:
+            v = [bx - older[0][1], by - older[0][2]]
+            if abs(v[0]) <= 12 and abs(v[1]) <= 12:
+                if len(older) > 1 and older[1][2] != 0:
+                    last_vx = older[0][1] - older[1][1]
+                    if v[0] * last_vx < 0 and abs(v[0]) < abs(last_vx) and \
+                            min(bx - self.X_LEFT, self.X_RIGHT - bx) <= abs(last_vx):
+                        v[0] = -last_vx
+                motion = (v[0], v[1])
+        frames = -1
+        if motion is not None and motion[1] > 0 and by <= self.Y_HIT:
+            frames = round((self.Y_HIT - by) * 4 / motion[1])
+        if frames - 4 * lag < 0:
+            choice = self._h_target(lag, d, 0, bx - self.CENTRE)
+            return self._action_for(forced if forced is not None else choice)
+        vx = motion[0]  # type: ignore[index]
+        x_hit = _reflect(bx + vx * frames / 4, self.X_LEFT, self.X_RIGHT)
+        if frames - 4 * lag <= 4 * self.PLAN:
+            choice = self._h_zones(lag, d, 0, frames, x_hit, np.array(self.HIT_ZONE),
+                                   np.array([1.0]))
+        else:
+            choice = self._h_target(lag, d, 0, x_hit - self.CENTRE)
+        return self._action_for(forced if forced is not None else choice)
+
+
 SCRIPTED_STYLES: dict[str, dict[str, type[_RamDemonstrator]]] = {
-    "pong": {"planner": PongDemonstrator, "follow": PongFollower},
-    "breakout": {"planner": BreakoutDemonstrator},
+    "pong": {"planner": PongDemonstrator, "follow": PongFollower, "human": PongHuman},
+    "breakout": {"planner": BreakoutDemonstrator, "human": BreakoutHuman},
 }
-"""ROM id → style → class. "planner" plays best; "follow" holds keys the way a person
-does, which behaviour cloning can copy."""
+"""ROM id → style → class. "planner" plays best; "follow" (Pong) keeps level with the
+ball; "human" holds each key for at least `HOLD` steps and decides from what the screen
+showed `DELAY` steps before, as a practised person does, so behaviour cloning can copy it
+and it still wins."""
 
 SCRIPTED_GAMES: dict[str, type[_RamDemonstrator]] = {
     game: styles["planner"] for game, styles in SCRIPTED_STYLES.items()
