@@ -27,3 +27,10 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert tests in ci
     assert "set -euo pipefail" in ci  # a failing or empty test run fails CI
+
+
+def test_readme_shows_the_quick_preset() -> None:
+    text = (ROOT / "README.md").read_text()
+    command = ".venv/bin/oakemu pipeline run pipelines/pong-quick.toml"
+    assert command in text
+    assert (ROOT / "pipelines" / "pong-quick.toml").exists()
