@@ -173,5 +173,5 @@ def test_a_relabel_style_the_game_lacks_is_refused_before_any_training(relabelle
                     "--device", "cpu", "--run-dir", str(run_dir), "--no-progress")
     assert result.exit_code != 0
     assert result.output.strip().splitlines() == [
-        "Error: the scripted pong player has no style 'fancy'; styles: planner, follow"]
+        "Error: the scripted pong player has no style 'fancy'; styles: planner, follow, human"]
     assert not (run_dir / "bc.pt").exists()

@@ -135,7 +135,7 @@ def test_one_definition_of_each_shared_rule() -> None:
     for needle, home in (("same_frames_as(", "envs/spec.py"),
                          ("torch.log_softmax(", "model.py"),
                          ("became {number} at", "errors.py"),
-                         ("is out of range", "configs.py"),
+                         ("is out of range: ", "configs.py"),
                          ("def coerce(", "configs.py"),
                          ("def field_docs(", "configs.py"),
                          ("isinstance(m, bool) for m in mask", "envs/spec.py")):

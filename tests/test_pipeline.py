@@ -181,7 +181,7 @@ def test_relabelling_rounds_in_the_bc_stage(finished, tmp_path: Path) -> None:
         (("warmup_updates = 1", "warmup_updates = true"), "ppo.warmup_updates must be an integer"),
         (("[demos]", '[demos]\nstyle = "fancy"'),
          "demos.style='fancy' is not a style of the scripted pong player (styles: planner, "
-         "follow)"),
+         "follow, human)"),
         (('game = "pong"', 'game = "space_invaders"'),
          "no scripted demonstrator for space_invaders: set demos.path"),
         (("[bc]", "[bc]\nrelabel_episodes = -1"),
@@ -196,7 +196,7 @@ def test_relabelling_rounds_in_the_bc_stage(finished, tmp_path: Path) -> None:
          "bc.relabel_epochs must be an integer or a list of integers, got 'many'"),
         (("[bc]", '[bc]\nrelabel_episodes = 1\nrelabel_style = "fancy"'),
          "bc.relabel_style='fancy' is not a style of the scripted pong player (styles: "
-         "planner, follow)"),
+         "planner, follow, human)"),
         (("[demos]", "[demos]\nrelabel_episodes = 4"),
          "demos.relabel_episodes has moved: set it as relabel_episodes under [bc]"),
     ],

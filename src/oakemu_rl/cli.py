@@ -426,8 +426,9 @@ def test(ctx: click.Context, checkpoint: str | None, demonstrator: str | None, s
 
     given = _given_spec_options(ctx)
     if given and (checkpoint is not None or onnx_path is not None):
+        option = next(p for p in ctx.command.params if p.name == given[0])
         raise OakEmuError(
-            f"--{given[0].replace('_', '-')} does not apply to a checkpoint, which plays the "
+            f"{option.opts[0]} does not apply to a checkpoint, which plays the "
             "env spec it was trained on; drop the env options (they are for --demonstrator "
             "scripted alone)")
     config = EvalConfig(episodes=episodes, seed=seed, max_steps=max_steps)

@@ -21,7 +21,8 @@ HEADER = """# Command-line reference
 Every `oakemu` command and option, generated from the code
 (`.venv/bin/python -m oakemu_rl.clidoc > docs/cli.md`; a test fails when this page is
 stale). A stage's options are the fields of its config: the same names, with `_` for `-`,
-set a pipeline TOML's `[bc]`, `[calibrate]` and `[ppo]` tables.
+set a pipeline TOML's `[bc]`, `[calibrate]` and `[ppo]` tables. Every command also takes
+`-h` / `--help`.
 """
 
 
@@ -55,8 +56,10 @@ def render() -> str:
         usage = " ".join(command.collect_usage_pieces(ctx))
         parts += [f"## `{path}`", "", "```", f"{path} {usage}", "```", "",
                   inspect.cleandoc(command.help or "").replace("\b\n", ""), ""]
+        # -h/--help is every command's; leaving it out keeps the page the same however
+        # click set the help option up in this process.
         rows = [_option_row(p, ctx) for p in command.get_params(ctx)
-                if isinstance(p, click.Option)]
+                if isinstance(p, click.Option) and "--help" not in p.opts]
         rows = [r for r in rows if r]
         if rows:
             parts += ["| option | meaning |", "| --- | --- |", *rows, ""]

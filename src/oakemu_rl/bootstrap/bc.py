@@ -210,6 +210,7 @@ def train_bc(config: BCConfig, demos: tuple[str, ...] | list[str], *,
     files, run_dir = _demo_files(demos, run_dir)
     if world.is_main:
         distributed.barrier(world)
+    dagger.check_labeller(config, files)
     try:
         path = _train_clone(config, files, run_dir, init_from, torch_device, progress, world)
         rounds = config.relabel_rounds if config.relabel_episodes else 0
@@ -311,11 +312,11 @@ class _BCRun:
         self._announce()
 
     def _announce(self) -> None:
-        if not self.progress:
-            return
-        if self.val_set is None:
+        if self.val_set is None and self.world.is_main:  # quiet runs need to know it too
             tqdm.write("note: no validation episodes (fewer than two episodes, or only "
                        "forbidden actions in them); the last epoch is saved")
+        if not self.progress:
+            return
         tqdm.write(f"bc on {self.device.type} in {'bf16 autocast' if self.amp else 'fp32'}: "
                    f"{self.train_set.total_samples:,} training and "
                    f"{self.val_set.total_samples if self.val_set else 0:,} validation samples")

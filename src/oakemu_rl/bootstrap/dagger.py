@@ -47,6 +47,17 @@ def relabel_round(config: BCConfig, clone: Path, files: list[str], round_: int, 
     return out
 
 
+def check_labeller(config: BCConfig, files: list[str]) -> None:
+    """Refuse, before any training, relabelling rounds whose scripted labeller does not
+    exist for the demos' game or style."""
+    if not config.relabel_episodes:
+        return
+    from ..agents.scripted import make_demonstrator
+
+    with DemoFile(files[0]) as demo:
+        make_demonstrator(demo.spec, style=config.relabel_style)
+
+
 def relabelled_path(run_dir: Path, round_: int) -> Path:
     """The file round `round_` writes: relabelled.h5, relabelled2.h5, ..."""
     return run_dir / f"relabelled{'' if round_ == 1 else round_}.h5"
