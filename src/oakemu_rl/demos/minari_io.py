@@ -180,17 +180,8 @@ def gym_env_spec(spec: EnvSpec) -> Any:
                       additional_wrappers=(preprocessing,))
 
 
-def export_minari(demo_path: str | os.PathLike[str], dataset_id: str, *,
-                  description: str | None = None) -> Path:
-    """Write every episode of `demo_path` as the local Minari dataset `dataset_id` (under
-    MINARI_DATASETS_PATH, default ~/.minari/datasets); returns the dataset's directory."""
-    _minari()
-    import gymnasium as gym
-    from minari.data_collector.episode_buffer import EpisodeBuffer as MinariEpisode
-    from minari.dataset.minari_dataset import parse_dataset_id
-    from minari.dataset.minari_storage import MinariStorage
-    from minari.namespace import create_namespace, list_local_namespaces
-
+def _export_target(dataset_id: str) -> Path:
+    """Return the directory of the new dataset `dataset_id`, refusing one that exists."""
     _check_id(dataset_id)
     target = _dataset_dir(dataset_id)
     if target.exists():
@@ -198,61 +189,102 @@ def export_minari(demo_path: str | os.PathLike[str], dataset_id: str, *,
             f"a Minari dataset {dataset_id} already exists at {target}; pick another "
             "--dataset-id or delete it first"
         )
+    return target
+
+
+def _staging_dir() -> Path:
+    """Return a new temporary directory under the datasets root to build a dataset in."""
+    root = _datasets_root()
+    try:
+        return Path(tempfile.mkdtemp(prefix=".oakemu-export-", dir=root))
+    except OSError as error:
+        raise DemoFileError(f"cannot write under {root}: {error.strerror}") from None
+
+
+def _export_metadata(demo: DemoFile, dataset_id: str, description: str | None) -> dict[str, Any]:
+    """Return the dataset metadata of the export of `demo`, our own block included."""
+    spec = demo.spec
+    recorders = [e.recorder for e in demo.episodes]
+    return {
+        "dataset_id": dataset_id,
+        "algorithm_name": f"oakemu-rl demos ({', '.join(sorted(set(recorders)))})",
+        "description": description or (
+            f"{spec.game} demonstrations converted from {demo.path.name}: one "
+            f"{spec.screen_size}x{spec.screen_size} grayscale frame per step "
+            f"(frame skip {spec.frame_skip}, max-pooled); the final observation of "
+            "each episode repeats its last frame"),
+        "minari_version": _minari().__version__,
+        "requirements": [f"ale-py=={_ale_version()}"] if _ale_version() != "unknown"
+        else [],
+        METADATA_KEY: {
+            "format": "oakemu-rl-demos",
+            "package_version": __version__,
+            "env_spec": spec.to_dict(),
+            "action_meanings": list(demo.action_meanings),
+            "action_mask": demo.action_mask.tolist(),
+            "recorders": recorders,
+            "seeds": [e.seed for e in demo.episodes],
+            "ale_py_version": str(demo.attrs.get("ale_py_version", "unknown")),
+            "final_observation": "repeats the last frame",
+        },
+    }
+
+
+def _write_dataset(staging: Path, demo: DemoFile, dataset_id: str,
+                   description: str | None) -> None:
+    """Write the dataset of every episode of `demo` under `staging` (returns nothing)."""
+    import gymnasium as gym
+    from minari.data_collector.episode_buffer import EpisodeBuffer as MinariEpisode
+    from minari.dataset.minari_storage import MinariStorage
+
+    spec = demo.spec
+    storage = MinariStorage.new(
+        staging / "data",
+        observation_space=gym.spaces.Box(0, 255, spec.frame_shape, np.uint8),
+        action_space=gym.spaces.Discrete(len(demo.action_meanings)),
+        env_spec=gym_env_spec(spec),
+        data_format="hdf5",
+        jpeg_encoding=False,
+    )
+    storage.update_metadata(_export_metadata(demo, dataset_id, description))
+    for i, info in enumerate(demo.episodes):
+        frames = demo.read(i, "frames")
+        storage.update_episodes([MinariEpisode(
+            seed=int(info.seed),
+            observations=np.concatenate([frames, frames[-1:]]),
+            actions=demo.read(i, "actions"),
+            rewards=demo.read(i, "rewards"),
+            terminations=demo.read(i, "terminations"),
+            truncations=demo.read(i, "truncations"),
+        )])
+    storage.update_episode_metadata(
+        [{"recorder": e.recorder, "return": e.episode_return} for e in demo.episodes]
+    )
+
+
+def _add_namespace(dataset_id: str) -> None:
+    """Create the local namespace of `dataset_id` if it has none yet (returns nothing)."""
+    from minari.dataset.minari_dataset import parse_dataset_id
+    from minari.namespace import create_namespace, list_local_namespaces
+
+    namespace = parse_dataset_id(dataset_id)[0]
+    if namespace is not None and namespace not in list_local_namespaces():
+        with contextlib.suppress(ValueError, OSError):
+            create_namespace(namespace)
+
+
+def export_minari(demo_path: str | os.PathLike[str], dataset_id: str, *,
+                  description: str | None = None) -> Path:
+    """Write every episode of `demo_path` as the local Minari dataset `dataset_id` (under
+    MINARI_DATASETS_PATH, default ~/.minari/datasets); returns the dataset's directory."""
+    _minari()
+    target = _export_target(dataset_id)
     with DemoFile(demo_path) as demo:
         if not demo.episodes:
             raise DemoFileError(f"demo file {demo.path} holds no episodes to export")
-        spec = demo.spec
-        root = _datasets_root()
+        staging = _staging_dir()
         try:
-            staging = Path(tempfile.mkdtemp(prefix=".oakemu-export-", dir=root))
-        except OSError as error:
-            raise DemoFileError(f"cannot write under {root}: {error.strerror}") from None
-        try:
-            storage = MinariStorage.new(
-                staging / "data",
-                observation_space=gym.spaces.Box(0, 255, spec.frame_shape, np.uint8),
-                action_space=gym.spaces.Discrete(len(demo.action_meanings)),
-                env_spec=gym_env_spec(spec),
-                data_format="hdf5",
-                jpeg_encoding=False,
-            )
-            recorders = [e.recorder for e in demo.episodes]
-            storage.update_metadata({
-                "dataset_id": dataset_id,
-                "algorithm_name": f"oakemu-rl demos ({', '.join(sorted(set(recorders)))})",
-                "description": description or (
-                    f"{spec.game} demonstrations converted from {demo.path.name}: one "
-                    f"{spec.screen_size}x{spec.screen_size} grayscale frame per step "
-                    f"(frame skip {spec.frame_skip}, max-pooled); the final observation of "
-                    "each episode repeats its last frame"),
-                "minari_version": _minari().__version__,
-                "requirements": [f"ale-py=={_ale_version()}"] if _ale_version() != "unknown"
-                else [],
-                METADATA_KEY: {
-                    "format": "oakemu-rl-demos",
-                    "package_version": __version__,
-                    "env_spec": spec.to_dict(),
-                    "action_meanings": list(demo.action_meanings),
-                    "action_mask": demo.action_mask.tolist(),
-                    "recorders": recorders,
-                    "seeds": [e.seed for e in demo.episodes],
-                    "ale_py_version": str(demo.attrs.get("ale_py_version", "unknown")),
-                    "final_observation": "repeats the last frame",
-                },
-            })
-            for i, info in enumerate(demo.episodes):
-                frames = demo.read(i, "frames")
-                storage.update_episodes([MinariEpisode(
-                    seed=int(info.seed),
-                    observations=np.concatenate([frames, frames[-1:]]),
-                    actions=demo.read(i, "actions"),
-                    rewards=demo.read(i, "rewards"),
-                    terminations=demo.read(i, "terminations"),
-                    truncations=demo.read(i, "truncations"),
-                )])
-            storage.update_episode_metadata(
-                [{"recorder": e.recorder, "return": e.episode_return} for e in demo.episodes]
-            )
+            _write_dataset(staging, demo, dataset_id, description)
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.exists():
                 raise DemoFileError(f"a Minari dataset {dataset_id} appeared at {target} "
@@ -264,10 +296,7 @@ def export_minari(demo_path: str | os.PathLike[str], dataset_id: str, *,
                 raise DemoFileError(f"cannot write the Minari dataset {dataset_id}: "
                                     f"{error.strerror or error}") from None
             raise
-    namespace = parse_dataset_id(dataset_id)[0]
-    if namespace is not None and namespace not in list_local_namespaces():
-        with contextlib.suppress(ValueError, OSError):
-            create_namespace(namespace)
+    _add_namespace(dataset_id)
     return target
 
 
@@ -299,10 +328,8 @@ def _wrapper_entry(wrapper: Any) -> str:
     return entry if isinstance(entry, str) else getattr(entry, "__name__", str(entry))
 
 
-def _plan(dataset: Any, dataset_id: str, *, frame_skip: int | None, screen_size: int | None,
-          full_action_space: bool | None, allow_jpeg: bool) -> _Plan:
-    import gymnasium as gym
-
+def _ale_env(dataset: Any, dataset_id: str) -> tuple[Any, dict[str, Any], str]:
+    """Return the env spec, its kwargs and its game, refusing an env that is no ALE game."""
     refuse = functools.partial(_refuse, dataset_id)
     env_spec = dataset.spec.env_spec
     if env_spec is None:
@@ -315,7 +342,15 @@ def _plan(dataset: Any, dataset_id: str, *, frame_skip: int | None, screen_size:
         game = EnvSpec(game=str(kwargs.get("game") or env_spec.id)).game
     except EnvError:
         raise refuse(f"its env {env_spec.id} names a game this ale-py does not have") from None
+    return env_spec, kwargs, game
 
+
+def _checked_spaces(dataset: Any, dataset_id: str, kwargs: dict[str, Any],
+                    allow_jpeg: bool) -> tuple[Any, tuple[int, ...], Any]:
+    """Return the action space, the frame shape and the emulator's frame skip, checking them."""
+    import gymnasium as gym
+
+    refuse = functools.partial(_refuse, dataset_id)
     action_space = dataset.action_space
     if not isinstance(action_space, gym.spaces.Discrete):
         raise refuse(f"its actions are {action_space}, not discrete actions")
@@ -335,7 +370,12 @@ def _plan(dataset: Any, dataset_id: str, *, frame_skip: int | None, screen_size:
         if is_image_space(observation_space):
             raise refuse("its frames are JPEG-encoded (lossy), so they cannot be "
                          "preprocessed exactly; pass --allow-jpeg to import them anyway")
+    return action_space, shape, raw_skip
 
+
+def _frame_wrappers(env_spec: Any, dataset_id: str) -> tuple[Any, Any]:
+    """Return the env's AtariPreprocessing and FrameStackObservation wrappers (or None)."""
+    refuse = functools.partial(_refuse, dataset_id)
     wrappers = list(env_spec.additional_wrappers or ())
     names = [w.name for w in wrappers]
     unknown = [w.name for w in wrappers if _wrapper_entry(w) not in (_PREPROCESSING, _FRAME_STACK)
@@ -348,7 +388,11 @@ def _plan(dataset: Any, dataset_id: str, *, frame_skip: int | None, screen_size:
     if stack is not None and (preprocessing is None or
                               names.index(stack.name) < names.index(preprocessing.name)):
         raise refuse("its frames are stacked raw frames, which fit no preprocessing")
+    return preprocessing, stack
 
+
+def _base_values(kwargs: dict[str, Any], game: str) -> dict[str, Any]:
+    """Return the EnvSpec fields read from the ALE env's kwargs."""
     values: dict[str, Any] = {
         "game": game,
         "repeat_action_probability": float(kwargs.get("repeat_action_probability", 0.25)),
@@ -357,64 +401,85 @@ def _plan(dataset: Any, dataset_id: str, *, frame_skip: int | None, screen_size:
     max_frames = kwargs.get("max_num_frames_per_episode")
     if isinstance(max_frames, int) and not isinstance(max_frames, bool) and max_frames > 0:
         values["max_episode_frames"] = max_frames
-    stacked = newaxis = False
-    if preprocessing is not None:
-        options = dict(preprocessing.kwargs or {})
-        size = options.get("screen_size", 84)
-        if isinstance(size, (list, tuple)):
-            if len(size) != 2 or size[0] != size[1]:
-                raise refuse(f"its frames are resized to {tuple(size)}, not a square our "
-                             "preprocessing makes")
-            size = size[0]
-        if not options.get("grayscale_obs", True):
-            raise refuse("its preprocessed frames are in colour; ours are grayscale")
-        if options.get("scale_obs", False):
-            raise refuse("its preprocessed frames are scaled to floats; ours are bytes")
-        if options.get("terminal_on_life_loss", False):
-            raise refuse("its episodes end at every lost life (terminal_on_life_loss); "
-                         "demo files hold whole games")
-        skip = int(options.get("frame_skip", 4))
-        if frame_skip is not None and frame_skip != skip:
-            raise refuse(f"its frames were preprocessed with frame skip {skip}; they cannot "
-                         f"be made into frame skip {frame_skip}")
-        if screen_size is not None and screen_size != size:
-            raise refuse(f"its frames are {size}x{size}; they cannot be made "
-                         f"{screen_size}x{screen_size}")
-        newaxis = bool(options.get("grayscale_newaxis", False))
-        stacked = stack is not None
-        expected = (size, size) + ((1,) if newaxis else ())
-        if stacked:
-            expected = (int((stack.kwargs or {}).get("stack_size", 1)), *expected)
-        if shape != expected:
-            raise refuse(f"its frames of shape {shape} fit no preprocessing (its "
-                         f"AtariPreprocessing makes {expected})")
-        values.update(frame_skip=skip, screen_size=int(size),
-                      noop_max=int(options.get("noop_max", 30)))
-        mode = "preprocessed"
-    else:
-        obs_type = kwargs.get("obs_type", "rgb")
-        raw_rgb = obs_type == "rgb" and len(shape) == 3 and shape[2] == 3
-        raw_gray = obs_type == "grayscale" and len(shape) == 2
-        if not (raw_rgb or raw_gray):
-            raise refuse(f"its frames of shape {shape} fit no preprocessing")
-        if raw_skip != 1:
-            raise refuse(f"its raw frames were recorded with frame skip {raw_skip}, which keeps "
-                         "only the last frame of each step, so the max-pool of our "
-                         "preprocessing cannot be rebuilt; record at frame skip 1")
-        values.update(frame_skip=4 if frame_skip is None else frame_skip,
-                      screen_size=84 if screen_size is None else screen_size)
-        mode = "raw_rgb" if raw_rgb else "raw_gray"
+    return values
 
+
+def _preprocessed_values(preprocessing: Any, stack: Any, shape: tuple[int, ...],
+                         dataset_id: str, frame_skip: int | None,
+                         screen_size: int | None) -> tuple[dict[str, Any], bool, bool]:
+    """Return the EnvSpec fields of preprocessed frames and whether they are stacked / newaxis."""
+    refuse = functools.partial(_refuse, dataset_id)
+    options = dict(preprocessing.kwargs or {})
+    size = options.get("screen_size", 84)
+    if isinstance(size, (list, tuple)):
+        if len(size) != 2 or size[0] != size[1]:
+            raise refuse(f"its frames are resized to {tuple(size)}, not a square our "
+                         "preprocessing makes")
+        size = size[0]
+    if not options.get("grayscale_obs", True):
+        raise refuse("its preprocessed frames are in colour; ours are grayscale")
+    if options.get("scale_obs", False):
+        raise refuse("its preprocessed frames are scaled to floats; ours are bytes")
+    if options.get("terminal_on_life_loss", False):
+        raise refuse("its episodes end at every lost life (terminal_on_life_loss); "
+                     "demo files hold whole games")
+    skip = int(options.get("frame_skip", 4))
+    if frame_skip is not None and frame_skip != skip:
+        raise refuse(f"its frames were preprocessed with frame skip {skip}; they cannot "
+                     f"be made into frame skip {frame_skip}")
+    if screen_size is not None and screen_size != size:
+        raise refuse(f"its frames are {size}x{size}; they cannot be made "
+                     f"{screen_size}x{screen_size}")
+    newaxis = bool(options.get("grayscale_newaxis", False))
+    stacked = stack is not None
+    expected = (size, size) + ((1,) if newaxis else ())
+    if stacked:
+        expected = (int((stack.kwargs or {}).get("stack_size", 1)), *expected)
+    if shape != expected:
+        raise refuse(f"its frames of shape {shape} fit no preprocessing (its "
+                     f"AtariPreprocessing makes {expected})")
+    values = {"frame_skip": skip, "screen_size": int(size),
+              "noop_max": int(options.get("noop_max", 30))}
+    return values, stacked, newaxis
+
+
+def _raw_values(kwargs: dict[str, Any], shape: tuple[int, ...], raw_skip: Any,
+                dataset_id: str, frame_skip: int | None,
+                screen_size: int | None) -> tuple[dict[str, Any], str]:
+    """Return the EnvSpec fields of raw frames and the mode ("raw_rgb" or "raw_gray")."""
+    refuse = functools.partial(_refuse, dataset_id)
+    obs_type = kwargs.get("obs_type", "rgb")
+    raw_rgb = obs_type == "rgb" and len(shape) == 3 and shape[2] == 3
+    raw_gray = obs_type == "grayscale" and len(shape) == 2
+    if not (raw_rgb or raw_gray):
+        raise refuse(f"its frames of shape {shape} fit no preprocessing")
+    if raw_skip != 1:
+        raise refuse(f"its raw frames were recorded with frame skip {raw_skip}, which keeps "
+                     "only the last frame of each step, so the max-pool of our "
+                     "preprocessing cannot be rebuilt; record at frame skip 1")
+    values = {"frame_skip": 4 if frame_skip is None else frame_skip,
+              "screen_size": 84 if screen_size is None else screen_size}
+    return values, "raw_rgb" if raw_rgb else "raw_gray"
+
+
+def _derived_spec(values: dict[str, Any], action_space: Any,
+                  dataset_id: str) -> tuple[EnvSpec, list[str]]:
+    """Return the EnvSpec built from `values` and its action meanings, checking the action count."""
+    refuse = functools.partial(_refuse, dataset_id)
     try:
         derived = EnvSpec(**values)
     except EnvError as error:
         raise refuse(str(error)) from None
+    game = values["game"]
     source_meanings = action_meanings(game, derived.full_action_space)
-    start = int(action_space.start)
     if int(action_space.n) != len(source_meanings):
         raise refuse(f"its {int(action_space.n)} actions do not match {game}'s "
                      f"{len(source_meanings)}-action set")
+    return derived, source_meanings
 
+
+def _adopted_spec(dataset: Any, derived: EnvSpec, mode: str) -> tuple[EnvSpec, Any, Any]:
+    """Return our exported spec, recorders and seeds when they fit `derived`, else `derived`."""
     ours = _our_metadata(dataset)
     spec, recorders, seeds = derived, None, None
     if ours is not None:
@@ -431,6 +496,26 @@ def _plan(dataset: Any, dataset_id: str, *, frame_skip: int | None, screen_size:
             spec = theirs
             recorders = ours.get("recorders")
             seeds = ours.get("seeds")
+    return spec, recorders, seeds
+
+
+def _plan(dataset: Any, dataset_id: str, *, frame_skip: int | None, screen_size: int | None,
+          full_action_space: bool | None, allow_jpeg: bool) -> _Plan:
+    env_spec, kwargs, game = _ale_env(dataset, dataset_id)
+    action_space, shape, raw_skip = _checked_spaces(dataset, dataset_id, kwargs, allow_jpeg)
+    preprocessing, stack = _frame_wrappers(env_spec, dataset_id)
+    values = _base_values(kwargs, game)
+    stacked = newaxis = False
+    if preprocessing is not None:
+        more, stacked, newaxis = _preprocessed_values(preprocessing, stack, shape, dataset_id,
+                                                      frame_skip, screen_size)
+        mode = "preprocessed"
+    else:
+        more, mode = _raw_values(kwargs, shape, raw_skip, dataset_id, frame_skip, screen_size)
+    values.update(more)
+    derived, source_meanings = _derived_spec(values, action_space, dataset_id)
+    start = int(action_space.start)
+    spec, recorders, seeds = _adopted_spec(dataset, derived, mode)
     if full_action_space is not None and full_action_space != spec.full_action_space:
         spec = replace(spec, full_action_space=full_action_space, forbidden_actions=())
     return _Plan(dataset_id=dataset_id, spec=spec, mode=mode, stacked=stacked,
@@ -579,6 +664,83 @@ def _episodes(dataset: Any) -> Iterator[Any]:
                             f"{_short(error)}") from None
 
 
+def _checked_out(out: str | os.PathLike[str], recorder: str, overwrite: bool) -> Path:
+    """Return `out` as a path, checking the recorder kind and that `out` may be written."""
+    if recorder not in RECORDERS:
+        raise ConfigError(f"the recorder kind must be one of {', '.join(RECORDERS)}, "
+                          f"got {recorder!r}")
+    out_path = Path(out)
+    if out_path.is_dir():
+        raise DemoFileError(f"{out_path} is a directory; --out needs a file name")
+    if out_path.exists() and not overwrite:
+        raise DemoFileError(f"{out_path} already exists; choose another --out file")
+    return out_path
+
+
+def _minimal_if_enough(plan: _Plan, dataset: Any, full_action_space: bool | None) -> _Plan:
+    """Return `plan` on the minimal action set when nothing asked otherwise and it suffices."""
+    spec = plan.spec
+    if full_action_space is None and spec.full_action_space and not _has_our_spec(plan):
+        minimal = action_meanings(spec.game, False)
+        used = [a - plan.action_start for a in _used_actions(dataset)]
+        if all(plan.source_meanings[a] in minimal for a in used
+               if 0 <= a < len(plan.source_meanings)):
+            spec = replace(spec, full_action_space=False, forbidden_actions=())
+            plan = replace(plan, spec=spec)
+    return plan
+
+
+def _temp_path(out_path: Path) -> Path:
+    """Return a free temporary file name next to `out_path` (the file itself is removed)."""
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{out_path.name}.minari-", suffix=".h5",
+                                    dir=out_path.parent)
+    except OSError as error:
+        raise DemoFileError(f"cannot write {out_path}: {error.strerror}") from None
+    os.close(fd)
+    tmp = Path(name)
+    tmp.unlink()  # the writer creates the file itself
+    return tmp
+
+
+def _write_demo(tmp: Path, plan: _Plan, dataset: Any, mapping: np.ndarray,
+                recorder: str) -> tuple[int, int]:
+    """Return the episodes and steps written from `dataset` into the demo file `tmp`."""
+    episodes = steps = 0
+    writer = DemoWriter(tmp, plan.spec)
+    batch: list[tuple[EpisodeBuffer, str, int]] = []
+    frames_in_batch = 0
+    metadata = list(_episode_metadata(dataset))
+    for number, episode in enumerate(_episodes(dataset)):
+        buffer = _episode_steps(plan, episode, number, mapping)
+        if buffer is None:
+            continue
+        kind, seed = _recorder_and_seed(plan, metadata, number, recorder)
+        batch.append((buffer, kind, seed))
+        episodes += 1
+        steps += len(buffer)
+        frames_in_batch += len(buffer)
+        if frames_in_batch >= _BATCH_FRAMES:
+            writer.write_episodes(batch)
+            batch, frames_in_batch = [], 0
+    if batch:
+        writer.write_episodes(batch)
+    if episodes == 0:
+        raise _refuse(plan.dataset_id, "it holds no steps")
+    return episodes, steps
+
+
+def _finish_demo(tmp: Path, out_path: Path, source: dict[str, Any]) -> None:
+    """Stamp `tmp` with `source`, check it reads back and move it to `out_path` (no return)."""
+    with h5py.File(tmp, "a") as handle:
+        handle.attrs[SOURCE_ATTR] = np.bytes_(json.dumps(source).encode())
+    DemoFile(tmp).close()  # the result must read back as a valid demo file
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, out_path)
+
+
 def import_minari(dataset_id: str, out: str | os.PathLike[str], *,
                   frame_skip: int | None = None, screen_size: int | None = None,
                   full_action_space: bool | None = None, allow_jpeg: bool = False,
@@ -591,69 +753,22 @@ def import_minari(dataset_id: str, out: str | os.PathLike[str], *,
     whose dataset does not name one. Refusals raise `DemoFileError`; `out` is written only
     when everything converted, and replaced only with `overwrite`.
     """
-    if recorder not in RECORDERS:
-        raise ConfigError(f"the recorder kind must be one of {', '.join(RECORDERS)}, "
-                          f"got {recorder!r}")
-    out_path = Path(out)
-    if out_path.is_dir():
-        raise DemoFileError(f"{out_path} is a directory; --out needs a file name")
-    if out_path.exists() and not overwrite:
-        raise DemoFileError(f"{out_path} already exists; choose another --out file")
+    out_path = _checked_out(out, recorder, overwrite)
     dataset = _load(dataset_id)
     fingerprint = _fingerprint(dataset_id)
     plan = _plan(dataset, dataset_id, frame_skip=frame_skip, screen_size=screen_size,
                  full_action_space=full_action_space, allow_jpeg=allow_jpeg)
+    plan = _minimal_if_enough(plan, dataset, full_action_space)
     spec = plan.spec
-    if full_action_space is None and spec.full_action_space and not _has_our_spec(plan):
-        minimal = action_meanings(spec.game, False)
-        used = [a - plan.action_start for a in _used_actions(dataset)]
-        if all(plan.source_meanings[a] in minimal for a in used
-               if 0 <= a < len(plan.source_meanings)):
-            spec = replace(spec, full_action_space=False, forbidden_actions=())
-            plan = replace(plan, spec=spec)
     target_meanings = action_meanings(spec.game, spec.full_action_space)
     mapping = _action_map(plan.source_meanings, target_meanings)
-
+    tmp = _temp_path(out_path)
     try:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{out_path.name}.minari-", suffix=".h5",
-                                    dir=out_path.parent)
-    except OSError as error:
-        raise DemoFileError(f"cannot write {out_path}: {error.strerror}") from None
-    os.close(fd)
-    tmp = Path(name)
-    tmp.unlink()  # the writer creates the file itself
-    episodes = steps = 0
-    try:
-        writer = DemoWriter(tmp, spec)
-        batch: list[tuple[EpisodeBuffer, str, int]] = []
-        frames_in_batch = 0
-        metadata = list(_episode_metadata(dataset))
-        for number, episode in enumerate(_episodes(dataset)):
-            buffer = _episode_steps(plan, episode, number, mapping)
-            if buffer is None:
-                continue
-            kind, seed = _recorder_and_seed(plan, metadata, number, recorder)
-            batch.append((buffer, kind, seed))
-            episodes += 1
-            steps += len(buffer)
-            frames_in_batch += len(buffer)
-            if frames_in_batch >= _BATCH_FRAMES:
-                writer.write_episodes(batch)
-                batch, frames_in_batch = [], 0
-        if batch:
-            writer.write_episodes(batch)
-        if episodes == 0:
-            raise _refuse(dataset_id, "it holds no steps")
-        with h5py.File(tmp, "a") as handle:
-            handle.attrs[SOURCE_ATTR] = np.bytes_(json.dumps(
-                {"dataset_id": dataset_id, "fingerprint": fingerprint,
-                 "options": _options(frame_skip, screen_size, full_action_space, allow_jpeg,
-                                     recorder)}).encode())
-        DemoFile(tmp).close()  # the result must read back as a valid demo file
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, out_path)
+        episodes, steps = _write_demo(tmp, plan, dataset, mapping, recorder)
+        _finish_demo(tmp, out_path, {
+            "dataset_id": dataset_id, "fingerprint": fingerprint,
+            "options": _options(frame_skip, screen_size, full_action_space, allow_jpeg,
+                                recorder)})
     except BaseException as error:
         with contextlib.suppress(OSError):
             tmp.unlink()
