@@ -138,11 +138,27 @@ def load_pipeline(path: str | Path) -> Pipeline:
                                      MOVED_DEMOS_KEYS if name == "demos" else None)
                     for name, cls in SECTIONS.items()}
         _check_scripted(sections["env"], sections["demos"], sections["bc"])
+        sections["calibrate"] = _critic_for_ppo(sections["calibrate"], sections["ppo"],
+                                                data.get("calibrate", {}))
         name = coerce("name", str, data.get("name", path.stem))
         device = coerce("device", str, data.get("device", "auto"))
     except OakEmuError as error:
         raise ConfigError(f"{path}: {error}") from None
     return Pipeline(name=name, device=device, **sections)
+
+
+def _critic_for_ppo(calibrate: CalibrateConfig, ppo: PPOConfig, table: dict[str, Any]
+                    ) -> CalibrateConfig:
+    """Calibration fits the critic to the returns PPO will train it on: [calibrate] takes
+    [ppo]'s reward clipping, episodic life and discount, and may not set them otherwise."""
+    from .finetune.ppo import CRITIC_RETURNS
+
+    for key in CRITIC_RETURNS:
+        if key in table and table[key] != getattr(ppo, key):
+            raise ConfigError(f"calibrate.{key}={table[key]!r} differs from ppo.{key}="
+                              f"{getattr(ppo, key)!r}: the critic must be calibrated for the "
+                              f"returns PPO trains it on; set {key} under [ppo] only")
+    return dataclasses.replace(calibrate, **{k: getattr(ppo, k) for k in CRITIC_RETURNS})
 
 
 def _check_scripted(env: EnvSpec, demos: DemoSource, bc: BCConfig) -> None:
@@ -415,7 +431,7 @@ def summary_table(results: dict[str, StageResult]) -> str:
     if cal and cal.info.get("explained_variance") is not None:
         lines.append("")
         lines.append(f"calibration explained variance {cal.info['initial_explained_variance']:.3f}"
-                     f" -> {cal.info['explained_variance']:.3f} (held-out)")
+                     f" -> {cal.info['explained_variance']:.3f} (on fresh games after the fit)")
         if cal.info.get("linear_ceiling") is not None:
             lines.append(f"  least-squares value head on the BC features: "
                          f"{cal.info['linear_ceiling']:.3f}")

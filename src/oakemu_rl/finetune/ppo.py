@@ -234,6 +234,8 @@ def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
             config = dataclasses.replace(config, warmup_updates=0, warmup_ramp_updates=0,
                                          kl_coef=0.0, bc_coef=0.0)
         source, start, run_dir = _starting_checkpoint(run_dir, checkpoint)
+        if not config.from_scratch:
+            _check_critic_returns(config, start, source)
         trainer = _Trainer(config, start, run_dir, torch_device, progress, world)
         trainer.inputs = [source]
         if resume:
@@ -252,6 +254,25 @@ def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
                     else "no checkpoint was written by this run")
             raise distributed.lost_peer(world, error, kept) from None
         return trainer.finish()
+
+
+CRITIC_RETURNS = ("reward_clipping", "episodic_life", "gamma")
+"""What defines the returns a critic predicts: calibration and PPO must agree on them."""
+
+
+def _check_critic_returns(config: PPOConfig, start: Checkpoint, source: Path) -> None:
+    """A calibrated critic fitted to other returns than PPO trains it on would start PPO
+    with a wrong baseline, the failure calibration exists to prevent: refuse it."""
+    if start.stage != "calibrate":
+        return
+    differ = [k for k in CRITIC_RETURNS
+              if k in start.config and start.config[k] != getattr(config, k)]
+    if differ:
+        raise ConfigError(
+            f"{source}'s critic was calibrated for other returns than this PPO trains on ("
+            + ", ".join(f"{k} {start.config[k]!r} there, {getattr(config, k)!r} here"
+                        for k in differ)
+            + "); calibrate with the same settings, or start from bc.pt with --checkpoint")
 
 
 def _starting_checkpoint(run_dir: str | Path | None, checkpoint: str | Path | None
@@ -386,15 +407,26 @@ class _Trainer:
                 started = (time.perf_counter(), self.global_step)
                 for update in range(self.first_update, self.num_updates + 1):
                     record = self.update(update, started)
+                    for step, score, length in self.finished_games():
+                        log.log(step, {"charts/episodic_return": score,
+                                       "charts/episodic_length": length})
                     log.log(self.steps_done(), record)
                     if update % config.checkpoint_every == 0 or update == self.num_updates:
                         self.save(self.last_path, update, final=False)
-                    _show(bar, record)
+                    _show(bar, record, _mean(list(self.collector.stats.returns)[-20:]))
                 if config.eval_episodes and self.world.is_main:
                     log.log(self.steps_done(), self.evaluate(self.num_updates))
         finally:
             bar.close()
             self.collector.close()
+
+    def finished_games(self) -> list[tuple[int, float, int]]:
+        """(agent step over every rank, score, length) of each game finished in the last
+        rollout, on any rank, in step order: one metrics point per game, as raw scores."""
+        ranks = distributed.gather_objects(self.world, self.collector.stats.drain())
+        size = self.world.world_size
+        return sorted((step * size, score, length) for games in ranks
+                      for step, score, length in games)
 
     def steps_done(self) -> int:
         """Agent steps so far over every rank."""
@@ -412,15 +444,11 @@ class _Trainer:
         stats, stopped = self.learn(rollout, update, frozen=factor == 0)
         collector.timings.learn += time.perf_counter() - learn_start
         elapsed = time.perf_counter() - started[0]
-        recent = distributed.gather_objects(self.world, (list(collector.stats.returns)[-20:],
-                                                         list(collector.stats.lengths)[-20:]))
         record = {
             "charts/learning_rate": lr,
             "charts/policy_lr_factor": factor,
             "charts/SPS": (self.steps_done() - started[1]) / max(elapsed, 1e-9),
             "charts/update": update,
-            "charts/episodic_return": _mean([r for returns, _ in recent for r in returns]),
-            "charts/episodic_length": _mean([n for _, lengths in recent for n in lengths]),
             "losses/explained_variance": stats.pop("explained_variance"),
             "guards/kl_coef": kl_weight(config, update),
             "guards/bc_coef": bc_weight(config, update) if self.demo_batches else 0.0,
@@ -607,8 +635,8 @@ class _NoLog:
         pass
 
 
-def _show(bar: tqdm, record: dict[str, Any]) -> None:
-    recent = record["charts/episodic_return"]
+def _show(bar: tqdm, record: dict[str, Any], recent: float | None) -> None:
+    """The bar's postfix: speed, this rank's last 20 games' mean score, approximate KL."""
     bar.set_postfix(SPS=f"{record['charts/SPS']:.0f}",
                     ret="-" if recent is None else f"{recent:+.1f}",
                     kl=f"{record['losses/approx_kl']:.3f}")

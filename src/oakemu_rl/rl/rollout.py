@@ -54,6 +54,13 @@ class EpisodeStats:
     returns: deque = field(default_factory=lambda: deque(maxlen=100))
     lengths: deque = field(default_factory=lambda: deque(maxlen=100))
     finished: int = 0
+    new: list[tuple[int, float, int]] = field(default_factory=list)
+    """(this collector's step at the game's end, score, length) of the games finished since
+    `drain` last ran: training logs one point per finished game."""
+
+    def drain(self) -> list[tuple[int, float, int]]:
+        games, self.new = self.new, []
+        return games
 
 
 _SAMPLING_SALT = 0x5EED_0000
@@ -160,6 +167,8 @@ class RolloutCollector:
                 self.stats.returns.append(float(self.raw_return[i]))
                 self.stats.lengths.append(int(self.raw_length[i]))
                 self.stats.finished += 1
+                self.stats.new.append((self.global_step + (t + 1) * self.num_envs,
+                                       float(self.raw_return[i]), int(self.raw_length[i])))
                 self.raw_return[i] = 0
                 self.raw_length[i] = 0
             self.next_obs = next_obs
