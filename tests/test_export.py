@@ -10,13 +10,14 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from builders import write_checkpoint
 
 from oakemu_rl import __version__
 from oakemu_rl import export as export_module
 from oakemu_rl.agents import load_policy_agent
 from oakemu_rl.agents.onnx import FORMAT, OnnxPolicyAgent, default_threads, load_onnx_agent
-from oakemu_rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
+from oakemu_rl.checkpoint import load_checkpoint
+from oakemu_rl.envs import EnvSpec, action_meanings
 from oakemu_rl.errors import CheckpointError, ConfigError, OakEmuError
 from oakemu_rl.export import ExportReport, collect_observations, export_onnx
 from oakemu_rl.model import PPOModel, PPOModelConfiguration
@@ -53,15 +54,7 @@ def _save(path: Path, spec: EnvSpec, config: PPOModelConfiguration = SMALL,
     if model is None:
         torch.manual_seed(0)
         model = _reactive(PPOModel(spec.observation_shape, len(meanings), config), spec)
-    checkpoint = Checkpoint.from_model(
-        model,
-        stage="bc",
-        action_meanings=meanings,
-        action_mask=action_mask(spec).tolist(),
-        env_spec=spec.to_dict(),
-        steps={"epochs": 123},
-    )
-    return save_checkpoint(path, checkpoint)
+    return write_checkpoint(path, spec, model=model, steps={"epochs": 123})
 
 
 def _leftovers(folder: Path) -> list[str]:

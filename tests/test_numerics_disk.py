@@ -25,15 +25,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import record_scripted, write_checkpoint
 from click.testing import CliRunner
 
 from oakemu_rl import fsutil
-from oakemu_rl.agents.recording import RecordConfig, record
-from oakemu_rl.agents.scripted import make_demonstrator
-from oakemu_rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from oakemu_rl.checkpoint import load_checkpoint, save_checkpoint
 from oakemu_rl.cli import cli
 from oakemu_rl.demos import validate_demo_file
-from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
+from oakemu_rl.envs import EnvSpec
 from oakemu_rl.errors import OakEmuError
 from oakemu_rl.model import ARCHITECTURES, PPOModel
 
@@ -44,19 +43,12 @@ SPEC = EnvSpec(game="pong")
 
 
 def tiny_checkpoint(path: Path, stage: str = "bc") -> Path:
-    meanings = list(action_meanings(SPEC.game, SPEC.full_action_space))
-    torch.manual_seed(0)
-    model = PPOModel(SPEC.observation_shape, len(meanings), ARCHITECTURES["tiny"])
-    return save_checkpoint(path, Checkpoint.from_model(
-        model, stage=stage, action_meanings=meanings,
-        action_mask=[bool(v) for v in action_mask(SPEC)], env_spec=SPEC.to_dict(),
-        steps={"epochs": 1}))
+    return write_checkpoint(path, SPEC, stage=stage, config=ARCHITECTURES["tiny"],
+                            steps={"epochs": 1})
 
 
 def record_demos(path: Path, episodes: int, max_steps: int = 24) -> Path:
-    record(RecordConfig(out=path, spec=SPEC, episodes=episodes, seed=0, max_steps=max_steps,
-                        progress=False), make_demonstrator(SPEC, seed=0))
-    return path
+    return record_scripted(path, SPEC, episodes=episodes, max_steps=max_steps)
 
 
 @pytest.fixture(scope="module")

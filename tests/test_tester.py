@@ -10,16 +10,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from builders import write_checkpoint
 from PIL import Image
 
 from oakemu_rl.agents import PolicyAgent, greedy_agent, load_policy_agent
 from oakemu_rl.agents.onnx import OnnxPolicyAgent
 from oakemu_rl.agents.play import AgentActionError, EvalConfig, EvalResult, play_games
 from oakemu_rl.checkpoint import Checkpoint, save_checkpoint
-from oakemu_rl.envs import EnvSpec, action_mask, action_meanings, make_env
+from oakemu_rl.envs import EnvSpec, action_mask, make_env
 from oakemu_rl.errors import CheckpointError, ConfigError
 from oakemu_rl.export import collect_observations
-from oakemu_rl.model import PPOModel
+from oakemu_rl.model import PPOModel, PPOModelConfiguration
 from oakemu_rl.tester import EMULATOR_HZ, evaluate, format_table
 
 FIRE = 1  # Pong's minimal actions: NOOP, FIRE, RIGHT, LEFT, RIGHTFIRE, LEFTFIRE
@@ -74,18 +75,8 @@ class CrashAfter:
 
 
 def _save(tmp_path: Path, spec: EnvSpec, model: PPOModel | None = None) -> Path:
-    meanings = list(action_meanings(spec.game, spec.full_action_space))
-    if model is None:
-        torch.manual_seed(0)
-        model = PPOModel(spec.observation_shape, len(meanings))
-    checkpoint = Checkpoint.from_model(
-        model,
-        stage="scratch",
-        action_meanings=meanings,
-        action_mask=action_mask(spec).tolist(),
-        env_spec=spec.to_dict(),
-    )
-    return save_checkpoint(tmp_path / "agent.pt", checkpoint)
+    return write_checkpoint(tmp_path / "agent.pt", spec, stage="scratch", model=model,
+                            config=PPOModelConfiguration())
 
 
 def _leftovers(folder: Path) -> list[str]:
