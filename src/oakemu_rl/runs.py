@@ -94,3 +94,15 @@ def stage_input(run_dir: Path, stage: str) -> Path:
             f"(run directory {run_dir}), or pass --checkpoint"
         )
     return path
+
+
+def stage_source(run_dir: str | os.PathLike[str] | None, checkpoint: str | os.PathLike[str] | None,
+                 needs: str) -> tuple[Path, Path]:
+    """(the checkpoint a stage starts from, the run directory it writes into): `checkpoint`
+    and `run_dir` (default: the checkpoint's folder) when a checkpoint is given, else the
+    run directory's output of stage `needs` (default: the last run)."""
+    if checkpoint is not None:
+        source = Path(checkpoint)
+        return source, prepare_run_dir(run_dir or source.parent, "")
+    found = find_run_dir(run_dir, needs=needs)
+    return stage_input(found, needs), found

@@ -165,7 +165,7 @@ def calibrate(config: CalibrateConfig, *, run_dir: str | Path | None = None,
               device: str = "auto", progress: bool = True) -> Path:
     """Fit the value head of `checkpoint` (default: the run directory's bc.pt) on its
     policy's returns, with `demos`' own returns as extra data; returns calibrated.pt."""
-    source, run_dir = _source(run_dir, checkpoint)
+    source, run_dir = runs.stage_source(run_dir, checkpoint, needs="bc")
     start = load_checkpoint(source)
     spec = dataclasses.replace(EnvSpec.from_dict(start.env_spec),
                                reward_clipping=config.reward_clipping,
@@ -211,14 +211,6 @@ def calibrate(config: CalibrateConfig, *, run_dir: str | Path | None = None,
                    "features reaches "
                    f"{summary['linear_ceiling_explained_variance']:.3f}; wrote {path}")
     return path
-
-
-def _source(run_dir: str | Path | None, checkpoint: str | Path | None) -> tuple[Path, Path]:
-    if checkpoint is not None:
-        source = Path(checkpoint)
-        return source, runs.prepare_run_dir(run_dir or source.parent, "")
-    found = runs.find_run_dir(run_dir, needs="bc")
-    return runs.stage_input(found, "bc"), found
 
 
 class _ValueFit:

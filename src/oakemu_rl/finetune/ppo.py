@@ -233,7 +233,8 @@ def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
         if config.from_scratch:  # nothing to protect: plain PPO
             config = dataclasses.replace(config, warmup_updates=0, warmup_ramp_updates=0,
                                          kl_coef=0.0, bc_coef=0.0)
-        source, start, run_dir = _starting_checkpoint(run_dir, checkpoint)
+        source, run_dir = runs.stage_source(run_dir, checkpoint, needs="calibrate")
+        start = load_checkpoint(source)
         if not config.from_scratch:
             _check_critic_returns(config, start, source)
         trainer = _Trainer(config, start, run_dir, torch_device, progress, world)
@@ -273,17 +274,6 @@ def _check_critic_returns(config: PPOConfig, start: Checkpoint, source: Path) ->
             + ", ".join(f"{k} {start.config[k]!r} there, {getattr(config, k)!r} here"
                         for k in differ)
             + "); calibrate with the same settings, or start from bc.pt with --checkpoint")
-
-
-def _starting_checkpoint(run_dir: str | Path | None, checkpoint: str | Path | None
-                         ) -> tuple[Path, Checkpoint, Path]:
-    if checkpoint is not None:
-        source = Path(checkpoint)
-        start = load_checkpoint(source)
-        return source, start, runs.prepare_run_dir(run_dir or source.parent, "")
-    found = runs.find_run_dir(run_dir, needs="calibrate")
-    source = runs.stage_input(found, "calibrate")
-    return source, load_checkpoint(source), found
 
 
 def _demo_batches(config: PPOConfig, start: Checkpoint, paths: tuple[str, ...],
