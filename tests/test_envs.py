@@ -253,8 +253,12 @@ def test_for_evaluation_turns_off_training_switches():
 
 def test_available_games():
     games = available_games()
-    assert games == sorted(games)
-    assert {"pong", "breakout", "space_invaders"} <= set(games)
+    atari = [game for game, where in games if where == "Atari"]
+    assert atari == sorted(atari)
+    assert {"pong", "breakout", "space_invaders"} <= set(atari)
+    gameboy = dict((game, where) for game, where in games if where.startswith("Game Boy"))
+    assert gameboy["catch"] == "Game Boy"  # built from the project's source
+    assert set(gameboy) >= {"catch", "pokemon_red"}
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from oakemu_rl.agents.scripted import (
     SCRIPTED_STYLES,
     BreakoutDemonstrator,
     BreakoutHuman,
+    CatchDemonstrator,
     PongDemonstrator,
     PongFollower,
     PongHuman,
@@ -43,7 +44,8 @@ def play(spec: EnvSpec, agent: Any, steps: int, seed: int = 0) -> tuple[list[int
 
 
 def test_registry_and_factory() -> None:
-    assert dict(SCRIPTED_GAMES) == {"pong": PongDemonstrator, "breakout": BreakoutDemonstrator}
+    assert dict(SCRIPTED_GAMES) == {"pong": PongDemonstrator, "breakout": BreakoutDemonstrator,
+                                    "catch": CatchDemonstrator}
     for game, cls in SCRIPTED_GAMES.items():
         agent = make_demonstrator(EnvSpec(game=game), seed=3, noise=0.1)
         assert isinstance(agent, cls)

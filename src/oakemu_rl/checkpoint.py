@@ -396,7 +396,7 @@ def checkpoint_spec(checkpoint: Checkpoint, path: str | Path) -> EnvSpec:
 
     try:
         spec = EnvSpec.from_dict(checkpoint.env_spec)
-        meanings = list(action_meanings(spec.game, spec.full_action_space))
+        meanings = list(action_meanings(spec))
     except EnvError as error:
         raise CheckpointError(f"checkpoint {path} has an unusable env spec: {error}") from None
     if meanings != list(checkpoint.action_meanings):

@@ -84,12 +84,21 @@ def info(checkpoint: str, as_json: bool) -> None:
 
 
 @cli.command()
-def envs() -> None:
-    """List the games the emulator can run (their ROMs ship with ale-py)."""
+@click.option("--rom", "rom_path", type=click.Path(path_type=str), default=None,
+              help="Check this Game Boy ROM and keep a copy in the ROM store first.")
+def envs(rom_path: str | None) -> None:
+    """List the games: the Atari ROMs that ship with ale-py, and the Game Boy games with a
+    shipped config (with whether their ROM is here)."""
     from .envs import available_games
+    from .envs.roms import add_rom, store_dir
 
-    for game in available_games():
-        click.echo(game)
+    if rom_path is not None:
+        digest, title = add_rom(rom_path)
+        click.echo(f"ROM {title!r} (sha256 {digest[:12]}…) is in {store_dir()}")
+    games = available_games()
+    width = max(len(game) for game, _ in games)
+    for game, where in games:
+        click.echo(f"{game:<{width}}  {where}")
 
 
 # -- groups later stages fill ------------------------------------------------------------

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..envs.ale import action_mask, action_meanings
+from ..envs import action_mask, action_meanings
 from ..envs.spec import EnvSpec
 from ..errors import ConfigError, OakEmuError
 from .base import DiscardEpisode, StopRecording
@@ -142,7 +142,7 @@ def _best_action(wanted: frozenset[str], meanings: Sequence[str], mask: np.ndarr
 
 def _key_table(spec: EnvSpec) -> dict[tuple[frozenset[str], bool], int]:
     """Every combination of held arrows and SPACE -> action index for the spec."""
-    meanings = action_meanings(spec.game, spec.full_action_space)
+    meanings = action_meanings(spec)
     mask = action_mask(spec)
     table = {}
     for held in product((False, True), repeat=len(_DIRECTIONS) + 1):
@@ -154,7 +154,7 @@ def _key_table(spec: EnvSpec) -> dict[tuple[frozenset[str], bool], int]:
 
 def key_map_text(spec: EnvSpec) -> str:
     """A human-readable key map and the session controls for `spec`'s game."""
-    meanings = action_meanings(spec.game, spec.full_action_space)
+    meanings = action_meanings(spec)
     mask = action_mask(spec)
     table = _key_table(spec)
 
@@ -274,7 +274,7 @@ class KeyboardAgent:
         self.base_fps = float(fps)
         self.scale = scale
         self.event_script = {int(k): list(v) for k, v in (event_script or {}).items()}
-        self.meanings = action_meanings(spec.game, spec.full_action_space)
+        self.meanings = action_meanings(spec)
         self._table = _key_table(spec)
         self.speed_index = SPEEDS.index(1.0)
         self.episode = 0

@@ -236,7 +236,7 @@ def _checked_metadata(meta: dict[str, str], path: Path
         raise _bad(path, f"has damaged metadata: bad observation shape {shape!r}")
     try:
         spec = EnvSpec.from_json(meta["env_spec"])
-        game_meanings = list(action_meanings(spec.game, spec.full_action_space))
+        game_meanings = list(action_meanings(spec))
     except EnvError as error:
         raise _bad(path, f"has an unusable env spec in its metadata: {error}") from None
     if game_meanings != meanings:

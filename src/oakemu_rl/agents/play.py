@@ -157,7 +157,7 @@ def play_games(agent: Agent, spec: EnvSpec, config: EvalConfig | None = None, *,
     config = config or EvalConfig()
     spec = spec.for_evaluation()
     mask = action_mask(spec)
-    meanings = action_meanings(spec.game, spec.full_action_space)
+    meanings = action_meanings(spec)
     result = EvalResult()
     env = make_env(spec, render_mode="rgb_array")
     bar = tqdm(total=config.episodes, unit="episode", disable=not progress,

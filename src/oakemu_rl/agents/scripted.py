@@ -1,4 +1,5 @@
-"""Scripted demonstrators for Pong and Breakout that read the emulator's RAM.
+"""Scripted demonstrators for Pong and Breakout that read the emulator's RAM (CATCH, the
+Game Boy game, has its own in `scripted_catch`).
 
 They play well enough to seed behaviour cloning and, with `noise`, show recoveries from
 mistakes. Each step they read the ball and the paddle from RAM, predict the frame at which
@@ -35,12 +36,14 @@ import numpy as np
 
 from ..envs import EnvSpec, action_mask, action_meanings
 from ..errors import EnvError
+from .scripted_catch import CatchDemonstrator
 
 __all__ = [
     "SCRIPTED_GAMES",
     "SCRIPTED_STYLES",
     "BreakoutDemonstrator",
     "BreakoutHuman",
+    "CatchDemonstrator",
     "PongDemonstrator",
     "PongFollower",
     "PongHuman",
@@ -104,7 +107,7 @@ class _ActionSet:
     """The allowed actions of a spec, found by what they do: move (RIGHT / LEFT) and FIRE."""
 
     def __init__(self, spec: EnvSpec) -> None:
-        self.meanings = action_meanings(spec.game, spec.full_action_space)
+        self.meanings = action_meanings(spec)
         self.mask = action_mask(spec)
         self.allowed = np.flatnonzero(self.mask)
 
@@ -871,23 +874,24 @@ class BreakoutHuman(_HumanPlayer, BreakoutDemonstrator):
         return self._action_for(forced if forced is not None else choice)
 
 
-SCRIPTED_STYLES: dict[str, dict[str, type[_RamDemonstrator]]] = {
+SCRIPTED_STYLES: dict[str, dict[str, type[Any]]] = {
     "pong": {"planner": PongDemonstrator, "follow": PongFollower, "human": PongHuman},
     "breakout": {"planner": BreakoutDemonstrator, "human": BreakoutHuman},
+    "catch": {"planner": CatchDemonstrator},
 }
-"""ROM id → style → class. "planner" plays best; "follow" (Pong) keeps level with the
+"""Game → style → class. "planner" plays best; "follow" (Pong) keeps level with the
 ball; "human" holds each key for at least `HOLD` steps and decides from what the screen
 showed `DELAY` steps before, as a practised person does, so behaviour cloning can copy it
 and it still wins."""
 
-SCRIPTED_GAMES: dict[str, type[_RamDemonstrator]] = {
+SCRIPTED_GAMES: dict[str, type[Any]] = {
     game: styles["planner"] for game, styles in SCRIPTED_STYLES.items()
 }
-"""ROM id → scripted demonstrator class (its strongest style, "planner")."""
+"""Game → scripted demonstrator class (its strongest style, "planner")."""
 
 
 def make_demonstrator(spec: EnvSpec, *, seed: int = 0, noise: float = 0.0,
-                      style: str = "planner") -> _RamDemonstrator:
+                      style: str = "planner") -> Any:
     """The scripted demonstrator for `spec.game` in `style`; EnvError for a game without
     one or a style it lacks."""
     styles = SCRIPTED_STYLES.get(spec.game)

@@ -760,7 +760,7 @@ def import_minari(dataset_id: str, out: str | os.PathLike[str], *,
                  full_action_space=full_action_space, allow_jpeg=allow_jpeg)
     plan = _minimal_if_enough(plan, dataset, full_action_space)
     spec = plan.spec
-    target_meanings = action_meanings(spec.game, spec.full_action_space)
+    target_meanings = action_meanings(spec)
     mapping = _action_map(plan.source_meanings, target_meanings)
     tmp = _temp_path(out_path)
     try:

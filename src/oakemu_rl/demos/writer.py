@@ -91,7 +91,7 @@ class DemoWriter:
     def __init__(self, path: str | os.PathLike[str], spec: EnvSpec) -> None:
         self.path = Path(path)
         self.spec = spec.for_evaluation()  # demos keep raw rewards and whole games
-        self.action_meanings = list(action_meanings(spec.game, spec.full_action_space))
+        self.action_meanings = list(action_meanings(spec))
         self.action_mask = action_mask(spec)
         if self.path.exists():
             with DemoFile(self.path) as existing:

@@ -1,10 +1,14 @@
-"""Emulator backends behind one factory: `make_env` to play, `make_vector_env` to train."""
+"""Emulator backends behind one factory: `make_env` to play, `make_vector_env` to train.
 
-from .ale import FrameStack, action_mask, action_meanings, make_env, make_vector_env
+Atari runs on the Arcade Learning Environment (`ale`), the Game Boy on PyBoy (`gameboy`,
+with game configs in `gameconfig` and ROMs in `roms`).
+"""
+
+from .ale import FrameStack
+from .backends import action_mask, action_meanings, available_games, make_env, make_vector_env
 from .spec import (
     EnvSpec,
     actions_agree,
-    available_games,
     canonical_game,
     require_same_env,
 )

@@ -61,29 +61,14 @@ def _atari_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
 
 
 @functools.lru_cache(maxsize=64)
-def action_meanings(game: str, full_action_space: bool = False) -> tuple[str, ...]:
-    """The meanings of the game's actions, in action-index order."""
+def ale_action_meanings(game: str, full_action_space: bool = False) -> tuple[str, ...]:
+    """The meanings of an Atari game's actions, in action-index order."""
     env = _atari_env(EnvSpec(game=game, full_action_space=full_action_space,
                              repeat_action_probability=0.0))
     try:
         return tuple(env.get_action_meanings())
     finally:
         env.close()
-
-
-def action_mask(spec: EnvSpec) -> np.ndarray:
-    """Bool array over the spec's actions, True where allowed."""
-    meanings = action_meanings(spec.game, spec.full_action_space)
-    unknown = sorted(set(spec.forbidden_actions) - set(meanings))
-    if unknown:
-        raise EnvError(
-            f"cannot forbid {', '.join(unknown)}: {spec.game} has the actions "
-            f"{', '.join(meanings)}"
-        )
-    mask = np.array([m not in spec.forbidden_actions for m in meanings], dtype=bool)
-    if not mask.any():
-        raise EnvError(f"the action mask forbids every action of {spec.game}")
-    return mask
 
 
 class FrameStack(gym.Wrapper):
@@ -112,12 +97,11 @@ class FrameStack(gym.Wrapper):
         return self._stack.copy(), reward, terminated, truncated, info
 
 
-def make_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
-    """A single preprocessed env whose observations are (frame_stack, size, size) uint8.
+def make_ale_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
+    """A single preprocessed Atari env whose observations are (frame_stack, size, size) uint8.
 
     `env.unwrapped` is the emulator (`.ale.getRAM()`, `.render()` for RGB frames).
     """
-    action_mask(spec)  # refuse a bad mask before any emulator starts
     env: gym.Env = _atari_env(spec, render_mode)
     env = gym.wrappers.AtariPreprocessing(
         env,
@@ -133,7 +117,7 @@ def make_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     return FrameStack(env, spec.frame_stack)
 
 
-def make_vector_env(
+def make_ale_vector_env(
     spec: EnvSpec, num_envs: int, *, num_threads: int = 0, same_step_reset: bool = False
 ) -> Any:
     """ale-py's C++ `AtariVectorEnv` for `spec`; observations are (n, stack, size, size) uint8.
@@ -145,9 +129,6 @@ def make_vector_env(
     """
     from ale_py.vector_env import AtariVectorEnv
 
-    if num_envs < 1:
-        raise EnvError(f"the number of envs must be at least 1, got {num_envs}")
-    action_mask(spec)
     with _quiet_stderr():
         return AtariVectorEnv(
             game=spec.game,

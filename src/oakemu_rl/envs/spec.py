@@ -15,7 +15,7 @@ from typing import Any, get_type_hints
 from ..configs import check_options, coerce
 from ..errors import ConfigError, EnvError
 
-BACKENDS = ("ale",)
+BACKENDS = ("ale", "pyboy")
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,13 @@ class EnvSpec:
     """How a game is emulated and preprocessed. Defaults follow Machado et al. (2018)."""
 
     game: str = "pong"
-    """ROM id of the game (`oakemu envs` lists them), e.g. pong, breakout."""
-    backend: str = "ale"
-    """Emulator backend; only the Arcade Learning Environment for now."""
+    """The game (`oakemu envs` lists them): an Atari ROM id such as pong or breakout, or a
+    Game Boy game such as catch."""
+    backend: str = "auto"
+    """Emulator: ale (Atari) or pyboy (Game Boy); auto picks the one the game runs on."""
     frame_skip: int = 4
-    """Emulator frames per agent step; the action repeats and the last two frames are max-pooled."""
+    """Emulator frames per agent step. Atari: the action repeats and the last two frames are
+    max-pooled. Game Boy: set by the game config's frames_per_action."""
     screen_size: int = 84
     """Observations are resized to screen_size × screen_size."""
     grayscale: bool = True
@@ -48,16 +50,35 @@ class EnvSpec:
     """Training only: rewards are clipped to their sign."""
     forbidden_actions: tuple[str, ...] = ()
     """Action meanings the agent may never take, e.g. ("FIRE",); they form the action mask."""
+    game_config: str = ""
+    """Game Boy: a game config TOML file (buttons, RAM rewards, episode ends, start); empty
+    takes the config shipped for `game`. Stored as the config itself (JSON)."""
+    rom_sha256: str = ""
+    """Game Boy: sha256 of the ROM the game runs on (the ROM itself is never stored); empty
+    takes the built-in ROM or the one ROM in the store with the config's title."""
+    rom_title: str = ""
+    """Game Boy: the ROM header's title (filled in from the ROM)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.forbidden_actions, str):
             raise EnvError("forbidden_actions must be a list of action names, not one string")
-        object.__setattr__(self, "game", canonical_game(self.game))
         object.__setattr__(
             self, "forbidden_actions", tuple(str(a).upper() for a in self.forbidden_actions)
         )
-        if self.backend not in BACKENDS:
+        if self.backend not in (*BACKENDS, "auto"):
             raise EnvError(f"unknown emulator backend {self.backend!r}; known: {BACKENDS}")
+        if self.backend == "pyboy" or self.game_config or (
+                self.backend == "auto" and _gameboy_name(self.game) is not None):
+            from .gameboy_spec import resolve
+
+            for name, value in resolve(self).items():
+                object.__setattr__(self, name, value)
+        else:
+            if self.rom_sha256 or self.rom_title:
+                raise EnvError("rom_sha256 and rom_title are Game Boy settings; "
+                               f"{self.game} is an Atari game")
+            object.__setattr__(self, "backend", "ale")
+            object.__setattr__(self, "game", canonical_game(self.game))
         # Upper bounds too: a spec read from a file must not make one step or one reset
         # run for hours, and ALE takes 32-bit frame counts.
         check_options(self, [
@@ -75,8 +96,19 @@ class EnvSpec:
 
     @property
     def env_id(self) -> str:
-        """A readable id for logs and metadata, e.g. ALE/Pong-v5."""
+        """A readable id for logs and metadata, e.g. ALE/Pong-v5 or GB/catch."""
+        if self.backend == "pyboy":
+            return f"GB/{self.game}"
         return "ALE/" + "".join(part.capitalize() for part in self.game.split("_")) + "-v5"
+
+    @property
+    def gameboy_config(self) -> Any:
+        """The parsed game config (`envs.gameconfig.GameConfig`) of a Game Boy spec."""
+        from .gameconfig import from_json
+
+        if self.backend != "pyboy":
+            raise EnvError(f"{self.game} is not a Game Boy game")
+        return from_json(self.game_config)
 
     @property
     def frame_shape(self) -> tuple[int, int]:
@@ -167,6 +199,18 @@ def available_games() -> list[str]:
     from ale_py import roms
 
     return sorted(roms.get_all_rom_ids())
+
+
+def _gameboy_name(name: Any) -> str | None:
+    """The shipped Game Boy config `name` refers to (catch, GB/catch, pokemon-red), or None."""
+    from .gameconfig import shipped_games
+
+    if not isinstance(name, str):
+        return None
+    raw = name.strip()
+    raw = raw[3:] if raw.upper().startswith("GB/") else raw
+    key = _snake(raw).replace("-", "_").replace(" ", "_")
+    return key if key in shipped_games() else None
 
 
 def canonical_game(name: str) -> str:
