@@ -16,6 +16,14 @@ os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 
 
 @pytest.fixture(autouse=True)
+def rom_store(tmp_path_factory, monkeypatch) -> Path:
+    """Game Boy ROMs and save states a test adds go to a fresh store, never the user's."""
+    root = tmp_path_factory.mktemp("roms")
+    monkeypatch.setenv("OAKEMU_ROM_DIR", str(root))
+    return root
+
+
+@pytest.fixture(autouse=True)
 def runs_root(tmp_path_factory, monkeypatch) -> Path:
     """No test writes into the project's data/runs (nor reads a user's last run); tests
     that check what a stage remembers read this root."""
