@@ -21,8 +21,7 @@ from oakemu_rl.agents.keyboard import (  # noqa: E402
 )
 from oakemu_rl.agents.recording import RecordConfig, record  # noqa: E402
 from oakemu_rl.demos import validate_demo_file  # noqa: E402
-from oakemu_rl.envs import EnvSpec  # noqa: E402
-from oakemu_rl.envs.ale import action_meanings  # noqa: E402
+from oakemu_rl.envs import EnvSpec, action_meanings  # noqa: E402
 from oakemu_rl.errors import OakEmuError  # noqa: E402
 
 FAST = 1000.0  # steps per second: the tests should not wait like a person
@@ -195,3 +194,52 @@ def test_check_display_when_pygame_cannot_open_a_window(monkeypatch: pytest.Monk
     monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
     check_display()  # the dummy driver opens (invisible) windows
     assert not pygame.display.get_init()
+
+
+# -- the Game Boy ---------------------------------------------------------------------
+
+
+def test_gameboy_keys_press_buttons_and_move_the_basket(dummy_video, tmp_path: Path) -> None:
+    spec = EnvSpec(game="catch", repeat_action_probability=0.0, noop_max=0)
+    script = {5: [down(pygame.K_RIGHT)], 15: [up(pygame.K_RIGHT)],
+              20: [down(pygame.K_LEFT), down(pygame.K_RIGHT)],  # opposite arrows cancel
+              25: [up(pygame.K_LEFT), up(pygame.K_RIGHT)], 30: [down(pygame.K_LEFT)]}
+    agent, result, out, caption = run(tmp_path, script, spec=spec, max_steps=40)
+    [actions] = actions_of(out)
+    expected = np.zeros(40, dtype=int)  # NOOP LEFT RIGHT
+    expected[5:15] = 2
+    expected[30:] = 1
+    assert actions.tolist() == expected.tolist()
+    assert (agent.width, agent.height) == (160, 144)
+    assert "catch" in caption and result.episodes[0]["length"] == 40
+
+
+def test_gameboy_window_is_scaled_and_the_game_runs_at_its_speed(dummy_video) -> None:
+    spec = EnvSpec(game="catch")
+    agent = KeyboardAgent(spec, scale=3)
+    assert agent.fps == pytest.approx(60 / 4)  # 60 frames a second, 4 frames a step
+    from oakemu_rl.envs import make_env
+
+    env = make_env(spec)
+    try:
+        observation, _ = env.reset(seed=0)
+        with agent:
+            agent.reset(env, 0)
+            agent.act(env, observation)
+            width, height = pygame.display.get_surface().get_size()
+        assert width == 160 * 3 and height >= 144 * 3
+    finally:
+        env.close()
+
+
+def test_gameboy_key_map_names_every_button() -> None:
+    from oakemu_rl.agents.keyboard import gameboy_action
+
+    spec = EnvSpec(game="catch")
+    text = key_map_text(spec)
+    for line in ("left arrow      -> LEFT", "right arrow     -> RIGHT", "X               -> A",
+                 "Z               -> B", "ENTER           -> START"):
+        assert line in text
+    assert "A  (not an action of this game)" in text  # catch has no A
+    assert gameboy_action(frozenset({"RIGHT", "A"}), spec) == 2  # RIGHT kept, A dropped
+    assert gameboy_action(frozenset({"LEFT", "RIGHT"}), spec) == 0

@@ -108,7 +108,14 @@ def _spec_options(func):
     """Options that build an EnvSpec; shared by every command that starts an emulator."""
     options = [
         click.option("--game", default="pong", show_default=True,
-                     help="Game ROM id or full id (`oakemu envs` lists them)."),
+                     help="Game: an Atari ROM id or full id, or a Game Boy game "
+                          "(`oakemu envs` lists them)."),
+        click.option("--game-config", "game_config", type=click.Path(path_type=str),
+                     default="", help="Game Boy: your game config TOML (buttons, RAM rewards, "
+                                      "episode ends, start) instead of the shipped one."),
+        click.option("--rom", "rom_path", type=click.Path(path_type=str), default=None,
+                     help="Game Boy: your ROM file (checked, and kept in the ROM store so "
+                          "later commands find it)."),
         click.option("--sticky", "repeat_action_probability", type=_FiniteFloatRange(0, 0.99),
                      default=0.25, show_default=True, help="Sticky-action probability."),
         click.option("--noop-max", type=click.IntRange(0, 1000), default=30, show_default=True,
@@ -131,12 +138,16 @@ def _say(text: str) -> None:
 
 
 def _spec(game: str, repeat_action_probability: float, noop_max: int,
-          full_action_space: bool, forbidden_actions: tuple[str, ...]):
+          full_action_space: bool, forbidden_actions: tuple[str, ...], game_config: str = "",
+          rom_path: str | None = None):
     from .envs import EnvSpec, action_mask
+    from .envs.roms import add_rom
 
+    rom_sha256 = add_rom(rom_path)[0] if rom_path else ""
     spec = EnvSpec(game=game, repeat_action_probability=repeat_action_probability,
                    noop_max=noop_max, full_action_space=full_action_space,
-                   forbidden_actions=tuple(forbidden_actions))
+                   forbidden_actions=tuple(forbidden_actions), game_config=game_config,
+                   rom_sha256=rom_sha256)
     action_mask(spec)  # a bad --forbid is an error before anything starts
     return spec
 
@@ -144,7 +155,7 @@ def _spec(game: str, repeat_action_probability: float, noop_max: int,
 def _given_spec_options(ctx: click.Context) -> list[str]:
     """The env options the user typed (not left at their defaults)."""
     names = ("game", "repeat_action_probability", "noop_max", "full_action_space",
-             "forbidden_actions")
+             "forbidden_actions", "game_config", "rom_path")
     return [name for name in names
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
 
@@ -169,15 +180,16 @@ def _given_spec_options(ctx: click.Context) -> list[str]:
               help="Scripted demonstrator: this checkpoint's greedy policy plays and the "
                    "script labels each frame with what it would do (a DAgger round: BC on "
                    "these and the first demos fixes the clone's drift). Uses its env spec.")
-@click.option("--fps", type=_FiniteFloatRange(1, 1000), default=15.0, show_default=True,
-              help="Keyboard: agent steps per second (15 is the game's normal speed).")
+@click.option("--fps", type=_FiniteFloatRange(1, 1000), default=None,
+              help="Keyboard: agent steps per second (default: the game's real speed, 60 "
+                   "frames a second; 15 steps at Atari's frame skip 4).")
 @click.option("--max-steps", type=click.IntRange(1), default=None,
               help="Cut each episode after this many agent steps.")
 @seed_option()
 @click.option("--device", default="auto", show_default=True, help="--policy: auto, cpu or cuda.")
 def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, noise: float,
-           style: str, relabel_path: str | None, fps: float, max_steps: int | None, seed: int,
-           device: str, **spec_options) -> None:
+           style: str, relabel_path: str | None, fps: float | None, max_steps: int | None,
+           seed: int, device: str, **spec_options) -> None:
     """Record demonstrations into an HDF5 file (one committed episode at a time)."""
     from pathlib import Path
 
@@ -433,7 +445,11 @@ def test(ctx: click.Context, checkpoint: str | None, demonstrator: str | None, s
     from .agents.play import EvalConfig
     from .tester import format_table, score_agents
 
-    given = _given_spec_options(ctx)
+    given = [name for name in _given_spec_options(ctx) if name != "rom_path"]
+    if spec_options["rom_path"] and (checkpoint is not None or onnx_path is not None):
+        from .envs.roms import add_rom
+
+        add_rom(spec_options["rom_path"])  # the checkpoint's game finds it by its sha256
     if given and (checkpoint is not None or onnx_path is not None):
         option = next(p for p in ctx.command.params if p.name == given[0])
         raise OakEmuError(

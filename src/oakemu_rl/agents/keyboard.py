@@ -64,6 +64,11 @@ PAUSE_REFRESH_HZ = 30.0
 """How often the window is redrawn and the keyboard read while paused."""
 
 SCREEN_HEIGHT, SCREEN_WIDTH = 210, 160
+GAMEBOY_HEIGHT, GAMEBOY_WIDTH = 144, 160
+GAMEBOY_KEYS = (("UP", "up arrow"), ("DOWN", "down arrow"), ("LEFT", "left arrow"),
+                ("RIGHT", "right arrow"), ("A", "X"), ("B", "Z"), ("START", "ENTER"),
+                ("SELECT", "right SHIFT"))
+"""Game Boy button -> the key that presses it (the usual emulator layout: X is A, Z is B)."""
 
 _DIRECTIONS = ("UP", "DOWN", "LEFT", "RIGHT")
 _MEANING = re.compile(r"^(UP|DOWN)?(LEFT|RIGHT)?(FIRE)?$")
@@ -140,6 +145,32 @@ def _best_action(wanted: frozenset[str], meanings: Sequence[str], mask: np.ndarr
     return choice
 
 
+def gameboy_action(held: frozenset[str], spec: EnvSpec) -> int:
+    """The allowed Game Boy action for the held buttons: the one pressing most of them and
+    nothing else (opposite directions cancel), NOOP when none fits."""
+    for a, b in (("UP", "DOWN"), ("LEFT", "RIGHT")):
+        if a in held and b in held:
+            held = held - {a, b}
+    mask = action_mask(spec)
+    best, choice = (-1, 0), int(np.flatnonzero(mask)[0])
+    for index, buttons in enumerate(spec.gameboy_config.actions):
+        if mask[index] and set(buttons) <= held and (len(buttons), -index) > best:
+            best, choice = (len(buttons), -index), index
+    return choice
+
+
+def _gameboy_key_map(spec: EnvSpec) -> str:
+    meanings = action_meanings(spec)
+    lines = textwrap.wrap(f"Game Boy controls for {spec.game} (actions: {', '.join(meanings)})",
+                          width=90, subsequent_indent="    ")
+    for button, key in GAMEBOY_KEYS:
+        action = meanings[gameboy_action(frozenset({button}), spec)]
+        used = "" if action != "NOOP" or button == "NOOP" else "  (not an action of this game)"
+        lines.append(f"  {key:<15} -> {button}{used}")
+    lines.append("  keys held together press the game's button combination, when it has one")
+    return "\n".join(lines)
+
+
 def _key_table(spec: EnvSpec) -> dict[tuple[frozenset[str], bool], int]:
     """Every combination of held arrows and SPACE -> action index for the spec."""
     meanings = action_meanings(spec)
@@ -154,6 +185,8 @@ def _key_table(spec: EnvSpec) -> dict[tuple[frozenset[str], bool], int]:
 
 def key_map_text(spec: EnvSpec) -> str:
     """A human-readable key map and the session controls for `spec`'s game."""
+    if spec.backend == "pyboy":
+        return _gameboy_key_map(spec) + "\n" + _SESSION_KEYS
     meanings = action_meanings(spec)
     mask = action_mask(spec)
     table = _key_table(spec)
@@ -198,10 +231,13 @@ def key_map_text(spec: EnvSpec) -> str:
     unreachable = [m for i, m in enumerate(meanings) if mask[i] and i not in reachable]
     if unreachable:
         lines.append(f"  not reachable from the keyboard: {', '.join(unreachable)}")
-    lines.append("  P pause/resume | BACKSPACE discard this episode (it restarts) | "
-                 "+/- faster/slower")
-    lines.append("  ESC or closing the window: stop (every finished episode is kept)")
+    lines.append(_SESSION_KEYS)
     return "\n".join(lines)
+
+
+_SESSION_KEYS = ("  P pause/resume | BACKSPACE discard this episode (it restarts) | "
+                 "+/- faster/slower\n"
+                 "  ESC or closing the window: stop (every finished episode is kept)")
 
 
 # -- display --------------------------------------------------------------------------
@@ -251,8 +287,9 @@ def check_display() -> None:
 class KeyboardAgent:
     """A person at the keyboard, playing `spec`'s game in a pygame window.
 
-    `fps` is agent steps per second (15 is normal speed at frame skip 4); `scale` enlarges
-    the 160x210 screen. `event_script` maps a tick to pygame events to post (see the module
+    `fps` is agent steps per second (default: the game's real speed, 60 frames a second
+    over the spec's frames per step); `scale` enlarges the screen (Atari 160x210, Game Boy
+    160x144). `event_script` maps a tick to pygame events to post (see the module
     docstring); it is for tests. Use as a context manager or call `close()`.
     """
 
@@ -262,10 +299,11 @@ class KeyboardAgent:
         self,
         spec: EnvSpec,
         *,
-        fps: float = 15.0,
+        fps: float | None = None,
         scale: int = 3,
         event_script: Mapping[int, Sequence[Any]] | None = None,
     ) -> None:
+        fps = 60.0 / spec.frame_skip if fps is None else fps
         if not fps > 0:
             raise ConfigError(f"the keyboard recorder's fps must be positive, got {fps}")
         if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
@@ -275,7 +313,10 @@ class KeyboardAgent:
         self.scale = scale
         self.event_script = {int(k): list(v) for k, v in (event_script or {}).items()}
         self.meanings = action_meanings(spec)
-        self._table = _key_table(spec)
+        self.gameboy = spec.backend == "pyboy"
+        self._table = {} if self.gameboy else _key_table(spec)
+        self.height, self.width = (GAMEBOY_HEIGHT, GAMEBOY_WIDTH) if self.gameboy else \
+            (SCREEN_HEIGHT, SCREEN_WIDTH)
         self.speed_index = SPEEDS.index(1.0)
         self.episode = 0
         """Episodes started (each reset, including restarts after a discard)."""
@@ -327,6 +368,11 @@ class KeyboardAgent:
     def current_action(self) -> int:
         """The action for the keys held now."""
         pg = self._pygame_module()
+        if self.gameboy:
+            keys = {"UP": pg.K_UP, "DOWN": pg.K_DOWN, "LEFT": pg.K_LEFT, "RIGHT": pg.K_RIGHT,
+                    "A": pg.K_x, "B": pg.K_z, "START": pg.K_RETURN, "SELECT": pg.K_RSHIFT}
+            held = frozenset(b for b, key in keys.items() if key in self.held)
+            return gameboy_action(held, self.spec)
         arrows = frozenset(
             d for d, key in zip(_DIRECTIONS, (pg.K_UP, pg.K_DOWN, pg.K_LEFT, pg.K_RIGHT),
                                 strict=True)
@@ -370,8 +416,8 @@ class KeyboardAgent:
         try:
             pg.display.init()
             self._font, self._small_font = self._fonts(pg)
-            width = SCREEN_WIDTH * self.scale
-            height = SCREEN_HEIGHT * self.scale + self._bar_height()
+            width = self.width * self.scale
+            height = self.height * self.scale + self._bar_height()
             self._screen = pg.display.set_mode((width, height))
         except pg.error as error:
             pg.display.quit()
@@ -415,7 +461,7 @@ class KeyboardAgent:
         height, width = frame.shape[:2]
         image = self._pygame.image.frombuffer(frame.tobytes(), (width, height), "RGB")
         return self._pygame.transform.scale(
-            image, (SCREEN_WIDTH * self.scale, SCREEN_HEIGHT * self.scale)
+            image, (self.width * self.scale, self.height * self.scale)
         )
 
     def _draw(self) -> None:
@@ -427,9 +473,9 @@ class KeyboardAgent:
         screen.fill((0, 0, 0))
         if self._frame is not None:
             screen.blit(self._frame, (0, 0))
-        game_height = SCREEN_HEIGHT * self.scale
+        game_height = self.height * self.scale
         if self.paused:
-            shade = pg.Surface((SCREEN_WIDTH * self.scale, game_height), pg.SRCALPHA)
+            shade = pg.Surface((self.width * self.scale, game_height), pg.SRCALPHA)
             shade.fill((0, 0, 0, 150))
             screen.blit(shade, (0, 0))
             if self._font is not None:

@@ -132,7 +132,7 @@ def relabelling_agents(checkpoint: str | Path, *, style: str, seed: int = 0,
 
 def recording_agents(spec: EnvSpec, *, demonstrator: str, policy: str | Path | None = None,
                      relabel: str | Path | None = None, style: str = "planner",
-                     noise: float = 0.0, fps: float = 15.0, seed: int = 0,
+                     noise: float = 0.0, fps: float | None = None, seed: int = 0,
                      device: str = "auto") -> tuple[Agent, Agent | None, EnvSpec]:
     """(agent, driver, spec) for `oakemu record`: a person at the keyboard, the scripted
     player, a checkpoint's policy (`policy`, on its own spec), or relabelling (`relabel`:

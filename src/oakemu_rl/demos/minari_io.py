@@ -242,7 +242,9 @@ def _write_dataset(staging: Path, demo: DemoFile, dataset_id: str,
         staging / "data",
         observation_space=gym.spaces.Box(0, 255, spec.frame_shape, np.uint8),
         action_space=gym.spaces.Discrete(len(demo.action_meanings)),
-        env_spec=gym_env_spec(spec),
+        # A Game Boy game has no gymnasium registration to name: its env spec travels in
+        # the dataset's metadata only (docs/minari.md).
+        env_spec=gym_env_spec(spec) if spec.backend == "ale" else None,
         data_format="hdf5",
         jpeg_encoding=False,
     )

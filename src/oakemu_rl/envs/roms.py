@@ -132,7 +132,8 @@ def rom_for(digest: str, game: str) -> bytes:
     data = find_rom(digest)
     if data is None:
         raise RomError(f"the ROM for {game} (sha256 {digest[:12]}…) is not on this machine; "
-                       "pass it once with --rom PATH (ROMs are never downloaded or shipped)")
+                       "add it once with `oakemu envs --rom PATH` (ROMs are never downloaded "
+                       "or shipped)")
     return data
 
 
