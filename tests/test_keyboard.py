@@ -199,7 +199,7 @@ def test_check_display_when_pygame_cannot_open_a_window(monkeypatch: pytest.Monk
 # -- the Game Boy ---------------------------------------------------------------------
 
 
-def test_gameboy_keys_press_buttons_and_move_the_basket(dummy_video, tmp_path: Path) -> None:
+def test_gameboy_keys_press_the_game_buttons(dummy_video, tmp_path: Path) -> None:
     spec = EnvSpec(game="catch", repeat_action_probability=0.0, noop_max=0)
     script = {5: [down(pygame.K_RIGHT)], 15: [up(pygame.K_RIGHT)],
               20: [down(pygame.K_LEFT), down(pygame.K_RIGHT)],  # opposite arrows cancel
