@@ -13,7 +13,6 @@ against one bare emulator.
 
 from __future__ import annotations
 
-import functools
 import io
 import warnings
 from typing import Any, ClassVar
@@ -192,45 +191,62 @@ class GameBoyVectorEnv:
     arrays in, arrays out, `info["lives"]`, and with `same_step_reset` the next episode's
     first observation at once and the last one in `info["final_obs"]`.
 
-    Several envs run in worker processes (gymnasium's AsyncVectorEnv over shared memory);
-    one runs in this process.
+    Several envs run in `workers` worker processes (default: one per core), each stepping
+    its share of the envs, over shared memory (`gameboy_pool`); one env, or
+    `processes=False`, runs in this process. A worker that dies raises `EnvError`.
     """
 
     def __init__(self, spec: EnvSpec, num_envs: int, *, same_step_reset: bool = False,
-                 processes: bool | None = None) -> None:
-        from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+                 processes: bool | None = None, workers: int | None = None) -> None:
+        from .gameboy_pool import GameBoyPool, default_workers
 
-        mode = AutoresetMode.SAME_STEP if same_step_reset else AutoresetMode.NEXT_STEP
-        factories = [functools.partial(GameBoyEnv, spec) for _ in range(num_envs)]
+        if num_envs < 1:
+            raise EnvError(f"the number of envs must be at least 1, got {num_envs}")
         if processes is None:
             processes = num_envs > 1
-        if processes:
-            self.env = AsyncVectorEnv(factories, shared_memory=True, context="fork",
-                                      autoreset_mode=mode)
-        else:
-            self.env = SyncVectorEnv(factories, autoreset_mode=mode)
+        if not processes:
+            workers = 0
+        elif workers is None:
+            workers = default_workers(num_envs)
         self.num_envs = num_envs
-        self.single_action_space = self.env.single_action_space
-        self.single_observation_space = self.env.single_observation_space
+        self.same_step_reset = same_step_reset
+        self.single_action_space = gym.spaces.Discrete(len(spec.gameboy_config.actions))
+        self.single_observation_space = gym.spaces.Box(0, 255, spec.observation_shape,
+                                                       np.uint8)
+        self.pool = GameBoyPool(spec, num_envs, spec.observation_shape,
+                                same_step_reset=same_step_reset, workers=workers)
+        self._buffers = self.pool.buffers
 
-    def _info(self, info: dict[str, Any], obs: np.ndarray) -> dict[str, Any]:
-        out = {"lives": np.asarray(info.get("lives", np.zeros(self.num_envs)), dtype=np.int64)}
-        if "final_obs" in info:
-            finals = np.zeros_like(obs)
-            for i in np.flatnonzero(info.get("_final_obs", [])):
-                finals[i] = info["final_obs"][i]
+    def _info(self) -> dict[str, Any]:
+        b = self._buffers
+        out: dict[str, Any] = {"lives": b.lives.copy()}
+        if self.same_step_reset and b.finished.any():
+            finals = np.zeros_like(b.obs)
+            ids = np.flatnonzero(b.finished)
+            finals[ids] = b.final_obs[ids]
             out["final_obs"] = finals  # lives stay the new games' (as on Atari)
         return out
 
     def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-        obs, info = self.env.reset(seed=seed)
-        return obs, self._info(info, obs)
+        if seed is not None:
+            seed = int(seed)
+            if seed < 0:
+                raise EnvError(f"the seed must not be negative, got {seed}")
+        self.pool.reset(seed)
+        self._buffers.finished[:] = False
+        return self._buffers.obs.copy(), {"lives": self._buffers.lives.copy()}
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                  np.ndarray, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self.env.step(np.asarray(actions))
-        return (obs, np.asarray(reward, dtype=np.float64), np.asarray(terminated, dtype=bool),
-                np.asarray(truncated, dtype=bool), self._info(info, obs))
+        actions = np.asarray(actions)
+        if actions.shape != (self.num_envs,):
+            raise EnvError(f"step needs one action per env ({self.num_envs}), got an array "
+                           f"of shape {actions.shape}")
+        self._buffers.actions[:] = actions
+        self.pool.step()
+        b = self._buffers
+        return (b.obs.copy(), b.rewards.copy(), b.terminated.copy(), b.truncated.copy(),
+                self._info())
 
     def close(self) -> None:
-        self.env.close()
+        self.pool.close()

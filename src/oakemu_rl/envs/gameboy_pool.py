@@ -1,0 +1,318 @@
+"""Game Boy envs stepped in a few worker processes over shared memory.
+
+PyBoy is single-threaded, so several emulators need several processes. Each worker
+process owns a contiguous slice of the envs and steps them one after another; the
+observations, rewards, episode ends, lives and final observations go straight into one
+anonymous shared mapping (made before the workers fork), and the pipes carry only a
+byte per command and a byte per reply. Nothing is pickled on a step.
+
+With as many workers as cores (the default), a 2-core machine runs two processes however
+many envs there are, instead of one per env fighting over the cores.
+
+`workers=0` steps the same slices in this process (no pipes, no processes): the
+reference the worker path is tested against, and the fastest choice for one env.
+
+A worker that dies (killed, out of memory) makes the next call raise a one-line
+`EnvError`. Workers are daemons, ignore SIGINT (the parent closes them), and exit as soon
+as their pipe reaches end of file, so a parent killed by any signal leaves none behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import struct
+import weakref
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from ..errors import EnvError
+from .spec import EnvSpec
+
+_STEP, _RESET, _CLOSE = b"s", b"r", b"c"
+_OK, _FAILED = b"k", b"e"
+_NO_SEED = -1  # reset's seed field when no seed is given (seeds are never negative)
+
+_POOLS: weakref.WeakSet = weakref.WeakSet()
+"""Pools with workers in this process: a newly forked worker closes their parent ends, so
+that only this process holds them and the workers see end of file when it dies."""
+
+
+def default_workers(num_envs: int) -> int:
+    """One worker per usable core, never more than envs."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(num_envs, cores))
+
+
+class _Buffers:
+    """The arrays every process sees: one anonymous shared mapping, cut into arrays."""
+
+    def __init__(self, num_envs: int, obs_shape: tuple[int, ...]) -> None:
+        fields = [("obs", np.uint8, (num_envs, *obs_shape)),
+                  ("final_obs", np.uint8, (num_envs, *obs_shape)),
+                  ("actions", np.int64, (num_envs,)),
+                  ("rewards", np.float64, (num_envs,)),
+                  ("lives", np.int64, (num_envs,)),
+                  ("terminated", np.bool_, (num_envs,)),
+                  ("truncated", np.bool_, (num_envs,)),
+                  ("finished", np.bool_, (num_envs,))]
+        offsets, size = [], 0
+        for _, dtype, shape in fields:
+            offsets.append(size)
+            size += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 64) * 64
+        self.memory = mmap.mmap(-1, max(size, 1))  # MAP_SHARED | MAP_ANONYMOUS
+        for (name, dtype, shape), offset in zip(fields, offsets, strict=True):
+            setattr(self, name, np.ndarray(shape, dtype, self.memory, offset))
+    obs: np.ndarray
+    final_obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    lives: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    finished: np.ndarray
+
+
+class _Slice:
+    """Envs `start`..`stop - 1` of the vector env, with gymnasium's autoreset semantics:
+    next-step (a finished env resets on the following step, which returns the first
+    observation with reward 0) or same-step (it resets at once; its last observation goes
+    to `final_obs`)."""
+
+    def __init__(self, spec: EnvSpec, start: int, stop: int, buffers: _Buffers,
+                 same_step_reset: bool) -> None:
+        from .gameboy import GameBoyEnv
+
+        self.start = start
+        self.same_step_reset = same_step_reset
+        self.buffers = buffers
+        self.envs: list[Any] = []
+        try:
+            for _ in range(start, stop):
+                self.envs.append(GameBoyEnv(spec))
+        except BaseException:
+            self.close()
+            raise
+        self.autoreset = np.zeros(stop - start, dtype=bool)
+
+    def reset(self, seed: int | None) -> None:
+        b = self.buffers
+        for j, env in enumerate(self.envs):
+            i = self.start + j
+            obs, info = env.reset(seed=None if seed is None else seed + i)
+            b.obs[i] = obs
+            b.lives[i] = info.get("lives", 0)
+        self.autoreset[:] = False
+
+    def step(self) -> None:
+        b = self.buffers
+        for j, env in enumerate(self.envs):
+            i = self.start + j
+            finished = False
+            if not self.same_step_reset and self.autoreset[j]:
+                obs, info = env.reset()
+                reward, terminated, truncated = 0.0, False, False
+            else:
+                obs, reward, terminated, truncated, info = env.step(b.actions[i])
+                if self.same_step_reset and (terminated or truncated):
+                    b.final_obs[i] = obs
+                    finished = True
+                    obs, info = env.reset()
+            b.obs[i] = obs
+            b.rewards[i] = reward
+            b.terminated[i] = terminated
+            b.truncated[i] = truncated
+            b.finished[i] = finished
+            b.lives[i] = info.get("lives", 0)
+            self.autoreset[j] = terminated or truncated
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+        self.envs = []
+
+
+def _worker(conn: Connection, spec: EnvSpec, start: int, stop: int, buffers: _Buffers,
+            same_step_reset: bool) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which closes us
+    for pool in list(_POOLS):  # this pool's earlier workers' ends too
+        pool._close_parent_ends()
+    try:
+        import cv2
+
+        cv2.setNumThreads(1)  # one core per worker: no helper threads on the resize
+    except ImportError:
+        pass
+    envs = None
+    try:
+        envs = _Slice(spec, start, stop, buffers, same_step_reset)
+        conn.send_bytes(_OK)
+        while True:
+            command = conn.recv_bytes()
+            if command == _STEP:
+                envs.step()
+            elif command[:1] == _RESET:
+                seed = struct.unpack("<q", command[1:])[0]
+                envs.reset(None if seed == _NO_SEED else seed)
+            else:
+                break
+            conn.send_bytes(_OK)
+    except (EOFError, BrokenPipeError, OSError):
+        pass  # the parent is gone or closed us: stop quietly
+    except BaseException as error:  # hand any error to the parent, which raises it
+        with contextlib.suppress(BrokenPipeError, OSError):
+            conn.send_bytes(_FAILED + _pickle_error(error))
+    finally:
+        if envs is not None:
+            envs.close()
+        conn.close()
+
+
+def _pickle_error(error: BaseException) -> bytes:
+    try:
+        data = pickle.dumps(error)
+        pickle.loads(data)
+        return data
+    except Exception:
+        return pickle.dumps(EnvError(f"{type(error).__name__}: {error}"))
+
+
+class GameBoyPool:
+    """`num_envs` GameBoyEnvs in `workers` processes (0: in this process), stepped
+    together; `step` and `reset` fill `buffers` and return nothing."""
+
+    def __init__(self, spec: EnvSpec, num_envs: int, obs_shape: tuple[int, ...], *,
+                 same_step_reset: bool, workers: int) -> None:
+        if num_envs < 1:
+            raise EnvError(f"the number of envs must be at least 1, got {num_envs}")
+        if not 0 <= workers <= num_envs:
+            raise EnvError(f"the number of worker processes must be 0..{num_envs} for "
+                           f"{num_envs} envs, got {workers}")
+        self.num_envs = num_envs
+        self.buffers = _Buffers(num_envs, obs_shape)
+        self.conns: list[Connection] = []
+        self.processes: list[Any] = []
+        self.slices: list[tuple[int, int]] = []
+        self.local: _Slice | None = None
+        self.closed = False
+        self.failure: str | None = None
+        if workers == 0:
+            self.local = _Slice(spec, 0, num_envs, self.buffers, same_step_reset)
+            return
+        bounds = np.linspace(0, num_envs, workers + 1).round().astype(int)
+        context = mp.get_context("fork")
+        _POOLS.add(self)
+        try:
+            for start, stop in itertools.pairwise(bounds):
+                parent, child = context.Pipe()
+                self.conns.append(parent)  # before the fork: the worker closes it
+                process = context.Process(
+                    target=_worker, name=f"oakemu-gameboy-{start}-{stop - 1}", daemon=True,
+                    args=(child, spec, int(start), int(stop), self.buffers, same_step_reset))
+                process.start()
+                child.close()  # only the worker holds it now: its death is end of file here
+                self.processes.append(process)
+                self.slices.append((int(start), int(stop)))
+            self._gather()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- commands ----------------------------------------------------------------------
+
+    def _describe(self, k: int) -> str:
+        start, stop = self.slices[k]
+        envs = f"env {start}" if stop - start == 1 else f"envs {start}-{stop - 1}"
+        return f"Game Boy worker process {self.processes[k].pid} ({envs})"
+
+    def _died(self, k: int) -> EnvError:
+        process = self.processes[k]
+        process.join(timeout=1.0)
+        code = process.exitcode
+        how = ("is still running but closed its pipe" if code is None else
+               f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
+        self.failure = f"{self._describe(k)} {how}"
+        self.close()
+        return EnvError(f"{self.failure}; the vector env is closed")
+
+    def _gather(self) -> None:
+        """Waits for every worker's reply; raises the first failure after closing."""
+        error: BaseException | None = None
+        for k, conn in enumerate(self.conns):
+            try:
+                reply = conn.recv_bytes()
+            except (EOFError, OSError):
+                raise self._died(k) from None
+            if reply[:1] == _FAILED and error is None:
+                error = pickle.loads(reply[1:])
+        if error is not None:
+            self.failure = f"an env raised {type(error).__name__}: {error}"
+            self.close()
+            raise error
+
+    def _send(self, command: bytes) -> None:
+        if self.closed:
+            raise EnvError("the Game Boy vector env is closed"
+                           + (f" ({self.failure})" if self.failure else ""))
+        for k, conn in enumerate(self.conns):
+            try:
+                conn.send_bytes(command)
+            except (BrokenPipeError, OSError):
+                raise self._died(k) from None
+
+    def reset(self, seed: int | None) -> None:
+        if self.local is not None:
+            self._check_open()
+            self.local.reset(seed)
+            return
+        self._send(_RESET + struct.pack("<q", _NO_SEED if seed is None else seed))
+        self._gather()
+
+    def step(self) -> None:
+        if self.local is not None:
+            self._check_open()
+            self.local.step()
+            return
+        self._send(_STEP)
+        self._gather()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise EnvError("the Game Boy vector env is closed")
+
+    # -- closing -----------------------------------------------------------------------
+
+    def _close_parent_ends(self) -> None:
+        for conn in self.conns:
+            conn.close()
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.local is not None:
+            self.local.close()
+        for conn in self.conns:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                conn.send_bytes(_CLOSE)
+        for process in self.processes:
+            process.join(timeout=timeout)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=1.0)
+        self._close_parent_ends()
+        _POOLS.discard(self)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close(timeout=1.0)
