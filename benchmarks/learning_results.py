@@ -14,8 +14,9 @@ Every `--eval-every` updates the policy plays `--eval-episodes` greedy whole gam
 end each `ppo.pt`, the BC policy and the scripted demonstrator play `--final-episodes`
 greedy episodes on the same seeds. Prints, per arm (mean over seeds, and each seed):
 the lowest greedy score during the first 20% of fine-tuning (the collapse); the same
-worst case measured against the BC policy on the same games (each evaluation in the first
-20% is replayed by the BC policy, so the games' own luck cancels; the target is ≥ -3); the
+worst case measured against the BC policy on the same games (every evaluation plays PPO's
+selection games, seeds `eval_seed` onwards, which the BC policy plays too, so the games'
+own luck cancels; the target is ≥ -3); the
 first steps at which a greedy evaluation reached the demonstrator's score and `--goal`; and
 the final score. Writes `results.md`, `results.json` and `learning_curves.png` under
 `--out`.
@@ -114,25 +115,25 @@ def _reference_scores(args: argparse.Namespace) -> dict:
     config = EvalConfig(episodes=args.final_episodes, seed=1000)
     agent, spec = load_policy_agent(Path(args.source) / "bc.pt", device="cpu")
     early = _early_updates(args, pipeline)
-    if scores and sorted(map(int, scores.get("early", {}))) == early:
+    selection = dataclasses.replace(config, episodes=args.eval_episodes,
+                                    seed=pipeline.ppo.eval_seed,
+                                    max_steps=pipeline.ppo.eval_max_steps)
+    if scores and sorted(map(int, scores.get("early", {}))) == early \
+            and scores.get("start", {}).get("episodes") == args.eval_episodes:
         return scores
-    if not scores:
+    if not scores or scores.get("start", {}).get("episodes") != args.eval_episodes:
         demonstrator = make_demonstrator(spec, seed=1000, style=pipeline.demos.style)
         scores = {
             "bc": evaluate(agent, spec, config, progress=False).to_dict(),
-            # The BC start, scored the way the fine-tunes' evaluations are (seed 10_000 + 0).
-            "start": evaluate(agent, spec, dataclasses.replace(
-                config, episodes=args.eval_episodes, seed=10_000), progress=False).to_dict(),
+            # The BC start on the fine-tunes' selection games (every evaluation plays them).
+            "start": evaluate(agent, spec, selection, progress=False).to_dict(),
             "demonstrator": evaluate(demonstrator, spec, config, progress=False).to_dict(),
             "random": evaluate(RandomAgent(action_mask(spec)), spec, config,
                                progress=False).to_dict(),
         }
-    # The BC policy on the very games of each evaluation in the first 20% (update u plays
-    # seed 10_000 + u), so a fine-tune's early scores compare with the clone's on the same
-    # games: 3-game scores of the clone alone spread over several points from seed to seed.
-    scores["early"] = {str(u): evaluate(agent, spec, dataclasses.replace(
-        config, episodes=args.eval_episodes, seed=10_000 + u), progress=False).mean
-        for u in early}
+    # The BC policy on the very games of each evaluation in the first 20%: every evaluation
+    # plays the selection games, so that is the start's score for each of them.
+    scores["early"] = {str(u): scores["start"]["mean"] for u in early}
     path.write_text(json.dumps(scores, indent=2))
     return scores
 

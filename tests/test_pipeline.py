@@ -13,6 +13,7 @@ from oakemu_rl.checkpoint import lineage_inputs, load_checkpoint, save_checkpoin
 from oakemu_rl.cli import cli
 from oakemu_rl.demos import DemoFile
 from oakemu_rl.errors import ConfigError
+from oakemu_rl.finetune.ppo import PPOConfig
 from oakemu_rl.metrics import read_metrics
 from oakemu_rl.pipeline import _same_policy, load_pipeline
 
@@ -47,7 +48,7 @@ eval_episodes = 0
 checkpoint_every = 1
 
 [evaluate]
-episodes = 1
+episodes = 2
 max_steps = 30
 """
 
@@ -80,7 +81,8 @@ def test_every_stage_runs_and_reports(finished) -> None:
     assert load_checkpoint(run_dir / "ppo.pt").steps["ppo/global_step"] == 64
     scores = json.loads((run_dir / "test.json").read_text())
     assert set(scores) == {"bc", "calibrate", "ppo", "demonstrator"}
-    assert all(s["lengths"] == [30] for s in scores.values())
+    assert all(s["lengths"] == [30, 30] for s in scores.values())
+    assert all(s["episodes"] == 2 and "sem" in s for s in scores.values())
     # the calibrated policy is bc's, bit for bit: its games are bc's games, not replayed
     assert scores["calibrate"] == {**scores["bc"], "same_policy_as": "bc"}
     assert "same_policy_as" not in scores["ppo"]
@@ -93,7 +95,13 @@ def test_every_stage_runs_and_reports(finished) -> None:
                 r"calibrate +\d+s +calibrate/env_steps=32, calibrate/iterations=1",
                 r"ppo +\d+s +ppo/updates=2, ppo/global_step=64"):
         assert re.search(rf"^{row}$", output, re.M), (row, output)
+    # every score with its standard error and its number of games, on the test seeds
+    assert "(test seeds 1000-1001)" in output
+    for name in ("demonstrator", "bc", "calibrated", "ppo"):
+        assert re.search(rf"^{name} +[+-]\d+\.\d\d ± \d+\.\d\d \(2 games\)$", output,
+                         re.M), (name, output)
     report = (run_dir / "report.md").read_text()
+    assert re.search(r"^ppo +[+-]\d+\.\d\d ± \d+\.\d\d \(2 games\)$", report, re.M)
     assert "![BC train/validation curves](bc_curves.png)" in report
     assert "calibration explained variance" in report
 
@@ -199,6 +207,12 @@ def test_relabelling_rounds_in_the_bc_stage(finished, tmp_path: Path) -> None:
          "planner, follow, human)"),
         (("[demos]", "[demos]\nrelabel_episodes = 4"),
          "demos.relabel_episodes has moved: set it as relabel_episodes under [bc]"),
+        (("eval_episodes = 0", "eval_episodes = 3\neval_seed = 1001"),
+         "evaluate.seed=1000 (test seeds 1000 to 1001) overlaps ppo.eval_seed=1001 (PPO's "
+         "selection games, seeds 1001 to 1003): the final test must play other games"),
+        (("max_steps = 30", "max_steps = 30\nseed = 2"),
+         "evaluate.seed=2 (test seeds 2 to 3) overlaps ppo.seed=0 (PPO's training envs, "
+         "seeds 1 to 3)"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path: Path, edit, message) -> None:
@@ -209,6 +223,15 @@ def test_config_errors_name_the_key(tmp_path: Path, edit, message) -> None:
     assert result.exit_code != 0
     assert len(result.output.strip().splitlines()) == 1 and message in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_the_final_test_plays_ten_games_apart_from_training_and_selection(
+        tmp_path: Path) -> None:
+    pipeline = load_pipeline(write(tmp_path, TINY.replace("episodes = 2\nmax_steps = 30", "")))
+    assert pipeline.evaluate.episodes >= 10
+    test = set(pipeline.evaluate.seeds)
+    assert not test & set(PPOConfig().selection_seeds)  # the default selection games
+    assert not test & set(pipeline.ppo.training_seeds())
 
 
 def test_bad_toml_and_missing_file(tmp_path: Path) -> None:

@@ -17,15 +17,23 @@ import torch
 from click.testing import CliRunner
 
 from oakemu_rl import PPOModel, PPOModelConfiguration, runs
-from oakemu_rl.agents import recording
+from oakemu_rl.agents import load_policy_agent, recording
+from oakemu_rl.agents.play import EvalConfig, play_games
 from oakemu_rl.agents.scripted import make_demonstrator
 from oakemu_rl.bootstrap.bc import BCConfig, train_bc
 from oakemu_rl.bootstrap.calibrate import CalibrateConfig, calibrate
-from oakemu_rl.checkpoint import Checkpoint, lineage_inputs, load_checkpoint, save_checkpoint
+from oakemu_rl.checkpoint import (
+    Checkpoint,
+    lineage_inputs,
+    load_checkpoint,
+    plain_state_dict,
+    save_checkpoint,
+)
 from oakemu_rl.cli import cli
 from oakemu_rl.demos import DemoWriter, EpisodeBuffer
 from oakemu_rl.envs import EnvSpec, action_mask, action_meanings
 from oakemu_rl.errors import ConfigError, OakEmuError
+from oakemu_rl.finetune import ppo as ppo_module
 from oakemu_rl.finetune.ppo import (
     PPOConfig,
     _demo_batches,
@@ -336,10 +344,17 @@ def test_short_run_writes_checkpoints_metrics_and_tensorboard(tmp_path: Path) ->
     start = load_checkpoint(source)
     final = load_checkpoint(path)
     last = load_checkpoint(run_dir / "ppo_last.pt")
+    # ppo.pt is the evaluated policy that scored best (the earliest of a tie), ppo_last.pt
+    # the last one: their steps are those of their own update
+    chosen = final.extra["selection"]["update"]
+    assert chosen in (2, 4)
+    assert final.steps["ppo/updates"] == chosen
+    assert final.steps["ppo/global_step"] == chosen * 2 * 16
+    assert last.steps["ppo/updates"] == 4 and last.steps["ppo/global_step"] == 4 * 2 * 16
     for checkpoint in (final, last):
         assert checkpoint.stage == "ppo"
-        assert checkpoint.steps == {"calibrate/epochs": 2, "calibrate/samples": 640,
-                                    "ppo/updates": 4, "ppo/global_step": 4 * 2 * 16}
+        assert checkpoint.steps["calibrate/epochs"] == 2
+        assert checkpoint.steps["calibrate/samples"] == 640
         assert checkpoint.action_meanings == start.action_meanings
         assert checkpoint.action_mask == start.action_mask
         assert checkpoint.env_spec == start.env_spec
@@ -348,11 +363,10 @@ def test_short_run_writes_checkpoints_metrics_and_tensorboard(tmp_path: Path) ->
         assert checkpoint.lineage[-1]["inputs"] == [
             {"path": str(source.resolve()), "sha256": sha256(source)}]
         assert checkpoint.config["total_steps"] == 128
-    for name, tensor in final.state_dict.items():
-        assert torch.equal(tensor, last.state_dict[name]), name
     assert {"optimizer", "reference", "generator", "torch_rng"} <= set(last.extra)
     assert "optimizer" not in final.extra  # ppo.pt is for playing, not resuming
     assert set(final.extra["eval"]) == {"eval/greedy_return", "eval/greedy_return_std",
+                                        "eval/greedy_return_sem", "eval/episodes",
                                         "eval/greedy_length"}
     assert final.extra["eval"]["eval/greedy_length"] == 10  # cut at eval_max_steps
     assert set(final.extra["timings"]) == {"env", "inference", "learn"}
@@ -374,11 +388,11 @@ def test_short_run_writes_checkpoints_metrics_and_tensorboard(tmp_path: Path) ->
         assert record["guards/kl_coef"] == pytest.approx(kl_weight(config, u))
         assert record["charts/learning_rate"] == pytest.approx(lr_at(config, u))
         assert record["charts/policy_lr_factor"] == policy_lr_factor(config, u)
-    # greedy evaluations every eval_every updates, and once more at the end
+    # greedy evaluations every eval_every updates (the last update is always evaluated)
     assert ["eval/greedy_return" in r for r in updates] == [False, True, False, True]
-    assert set(records[-1]) == {"step", "eval/greedy_return", "eval/greedy_return_std",
-                                "eval/greedy_length"}
-    assert records[-1]["step"] == 128 and len(records) == 5
+    assert updates[-1]["eval/episodes"] == 1
+    assert updates[-1]["eval/selected_update"] == chosen
+    assert records[-1]["step"] == 128 and len(records) == 4
 
     events = list((run_dir / "tb" / "ppo").glob("events.out.tfevents.*"))
     assert events and all(e.stat().st_size > 0 for e in events)
@@ -390,6 +404,64 @@ def test_short_run_writes_checkpoints_metrics_and_tensorboard(tmp_path: Path) ->
     assert {"charts/SPS", "losses/approx_kl", "losses/clipfrac", "guards/kl_coef"} <= tags
     assert [e.step for e in accumulator.Scalars("losses/approx_kl")] == [32, 64, 96, 128]
     assert runs.last_run_dir() == run_dir.resolve()
+
+
+def test_ppo_ships_the_policy_its_evaluations_picked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every evaluation plays the same selection games; ppo.pt holds the weights of the
+    evaluation with the best mean as the metrics record it (the earliest of a tie), with
+    its score ± SE, and ppo_last.pt the last update's."""
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+    original = ppo_module._Trainer.evaluate
+
+    def observed(self, update: int):  # the weights each evaluation plays, then the real one
+        seen[update] = plain_state_dict(self.model)
+        return original(self, update)
+
+    monkeypatch.setattr(ppo_module._Trainer, "evaluate", observed)
+    run_dir = tmp_path / "run"
+    write_start(run_dir)
+    config = tiny(3, eval_every=1, eval_episodes=2, eval_max_steps=40, eval_seed=20_000,
+                  warmup_updates=0, warmup_ramp_updates=0, lr=1e-2, kl_coef=0.0)
+    path = run_ppo(run_dir, config)
+
+    evals = [r for r in update_records(run_dir) if "eval/greedy_return" in r]
+    assert [r["charts/update"] for r in evals] == [1, 2, 3] == sorted(seen)
+    scores = [r["eval/greedy_return"] for r in evals]
+    best = scores.index(max(scores)) + 1  # the first update with the best mean
+    final, last = load_checkpoint(path), load_checkpoint(run_dir / "ppo_last.pt")
+    selection = final.extra["selection"]
+    assert selection["update"] == best == evals[-1]["eval/selected_update"]
+    assert selection["mean"] == max(scores) and selection["episodes"] == 2
+    assert selection["sem"] == pytest.approx(evals[best - 1]["eval/greedy_return_sem"])
+    assert selection["seeds"] == [20_000, 20_001] and selection["last_update"] == 3
+    assert [(e["update"], e["mean"]) for e in selection["evaluations"]] == \
+        list(zip([1, 2, 3], scores, strict=True))
+    assert final.steps["ppo/updates"] == best and last.steps["ppo/updates"] == 3
+    for name, tensor in seen[best].items():
+        assert torch.equal(final.state_dict[name], tensor), name
+    for name, tensor in seen[3].items():
+        assert torch.equal(last.state_dict[name], tensor), name
+    # These short games tie, so the first evaluated policy is shipped, not the last one.
+    assert best == 1
+    assert any(not torch.equal(final.state_dict[k], last.state_dict[k])
+               for k in final.state_dict)
+    # ppo.pt replays its selection score on the selection games
+    agent, spec = load_policy_agent(path, device="cpu")
+    replay = play_games(agent, spec, EvalConfig(episodes=2, seed=20_000, max_steps=40),
+                        progress=False)
+    assert replay.mean == selection["mean"]
+
+
+def test_selection_seeds_must_not_be_training_seeds() -> None:
+    config = PPOConfig(num_envs=8, num_steps=128, total_steps=200_000)
+    assert config.training_seeds() == range(1, 195 + 8)
+    assert config.selection_seeds == range(10_000, 10_010)
+    with pytest.raises(ConfigError, match=r"ppo option eval_seed=100 is out of range: "
+                                          r"--eval-seed must be outside the training envs' "
+                                          r"seeds \(1 to 202\)"):
+        PPOConfig(num_envs=8, num_steps=128, total_steps=200_000, eval_seed=100)
 
 
 def test_cli_runs_ppo_on_the_last_run(tmp_path: Path) -> None:

@@ -328,8 +328,21 @@ def test_format_table_has_a_row_per_agent() -> None:
         "scripted": EvalResult(scores=[-21.0], lengths=[764]),
     })
     lines = table.splitlines()
-    assert lines[0].split() == ["agent", "episodes", "mean", "std", "min", "max", "mean",
-                                "length"]
+    assert lines[0].split() == ["agent", "games", "mean", "±", "SE", "std", "min", "max",
+                                "mean", "length"]
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
-    assert rows["checkpoint"] == ["4", "2.0", "2.9", "-2.0", "6.0", "25.0"]
-    assert rows["scripted"] == ["1", "-21.0", "0.0", "-21.0", "-21.0", "764.0"]
+    # each mean with its standard error (sample std / √4 = 3.3665 / 2) and its games
+    assert rows["checkpoint"] == ["4", "2.00", "±", "1.68", "2.9", "-2.0", "6.0", "25.0"]
+    assert rows["scripted"] == ["1", "-21.00", "±", "n/a", "0.0", "-21.0", "-21.0", "764.0"]
+
+
+def test_sem_is_the_standard_error_of_the_mean() -> None:
+    # scores 1, -2, 3, 6: mean 2, squared deviations 1 + 16 + 1 + 16 = 34, sample variance
+    # 34 / 3, so SE = sqrt(34 / 3) / sqrt(4) = 1.68325...
+    result = EvalResult(scores=[1.0, -2.0, 3.0, 6.0], lengths=[10, 20, 30, 40])
+    assert result.sem == pytest.approx(1.6832508230603465, abs=1e-12)
+    assert result.to_dict()["sem"] == result.sem
+    assert result.summary() == "+2.00 ± 1.68 (4 games)"
+    assert math.isnan(EvalResult(scores=[5.0], lengths=[1]).sem)
+    assert EvalResult(scores=[5.0], lengths=[1]).summary() == "+5.00 (1 game, no SE)"
+    assert math.isnan(EvalResult().sem)

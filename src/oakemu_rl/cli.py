@@ -398,9 +398,11 @@ def ppo(**options) -> None:
     """Full PPO from the run's calibrated.pt (or --checkpoint), with warm-start guards.
 
     Writes ppo_last.pt every --checkpoint-every updates (what --resume continues from),
-    ppo.pt at the end, and ppo_metrics.jsonl plus TensorBoard events in the run directory.
+    ppo.pt at the end (the evaluated policy that scored best on the --eval-seed games),
+    and ppo_metrics.jsonl plus TensorBoard events in the run directory.
     """
-    from .finetune.ppo import PPOConfig, finetune_ppo
+    from .checkpoint import load_checkpoint
+    from .finetune.ppo import PPOConfig, finetune_ppo, selection_summary
 
     config = config_from(PPOConfig, options)
     try:
@@ -410,7 +412,8 @@ def ppo(**options) -> None:
     except KeyboardInterrupt:
         raise OakEmuError("stopped; continue from the last checkpoint with the same options "
                           "and --resume") from None
-    _say(f"wrote {path}")
+    selection = load_checkpoint(path).extra.get("selection", {})
+    _say(f"wrote {path}: {selection_summary(selection)}")
 
 
 @cli.command()
@@ -420,7 +423,8 @@ def ppo(**options) -> None:
 @click.option("--style", default="planner", show_default=True,
               help="--demonstrator scripted: which style plays (as for `oakemu record`).")
 @_spec_options
-@click.option("--episodes", type=click.IntRange(1), default=5, show_default=True)
+@click.option("--episodes", type=click.IntRange(1), default=10, show_default=True,
+              help="Games per agent (each mean is quoted ± its standard error).")
 @click.option("--max-steps", type=click.IntRange(1), default=None,
               help="Cut each episode after this many agent steps.")
 @seed_option()

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from . import runs
-from .agents.play import EvalConfig
+from .agents.play import EvalConfig, score_text
 from .bootstrap.bc import BCConfig, train_bc
 from .bootstrap.calibrate import CalibrateConfig, calibrate
 from .checkpoint import load_checkpoint, policy_differences
 from .configs import check_options, coerce, from_table
 from .envs import EnvSpec
 from .errors import ConfigError, OakEmuError
-from .finetune.ppo import PPOConfig, finetune_ppo
+from .finetune.ppo import PPOConfig, finetune_ppo, selection_summary
 from .fsutil import atomic_write_text
 from .options import config_args
 from .runtime import SEED_MAX
@@ -69,12 +69,13 @@ MOVED_DEMOS_KEYS = {key: f"set it as {key} under [bc]" for key in
 
 @dataclass(frozen=True)
 class FinalTestConfig(EvalConfig):
-    """The pipeline's final greedy test: `EvalConfig`'s games on seeds of their own."""
+    """The pipeline's final greedy test: `EvalConfig`'s games on seeds of their own, which
+    neither PPO's training envs nor its selection games (ppo.eval_seed) play."""
 
-    episodes: int = 5
-    """Greedy episodes per scored agent."""
+    episodes: int = 10
+    """Greedy episodes per scored agent (each mean is quoted ± its standard error)."""
     seed: int = 1000
-    """Seed of the first test episode."""
+    """Seed of the first test episode (seeds seed to seed + episodes - 1)."""
     demonstrator: bool = True
     """Also score the scripted demonstrator (when the game has one)."""
 
@@ -139,6 +140,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
                                      MOVED_DEMOS_KEYS if name == "demos" else None)
                     for name, cls in SECTIONS.items()}
         _check_scripted(sections["env"], sections["demos"], sections["bc"])
+        _check_test_seeds(sections["evaluate"], sections["ppo"], sections["distributed"])
         sections["calibrate"] = _critic_for_ppo(sections["calibrate"], sections["ppo"],
                                                 data.get("calibrate", {}))
         name = coerce("name", str, data.get("name", path.stem))
@@ -179,6 +181,22 @@ def _critic_for_ppo(calibrate: CalibrateConfig, ppo: PPOConfig, table: dict[str,
                               f"{getattr(ppo, key)!r}: the critic must be calibrated for the "
                               f"returns PPO trains it on; set {key} under [ppo] only")
     return dataclasses.replace(calibrate, **{k: getattr(ppo, k) for k in CRITIC_RETURNS})
+
+
+def _check_test_seeds(test: FinalTestConfig, ppo: PPOConfig,
+                      distributed: DistributedSettings) -> None:
+    """The final test plays games that neither picked the shipped policy nor trained it."""
+    from .finetune.ppo import describe_seeds, seeds_overlap
+
+    others = (("ppo.eval_seed", ppo.selection_seeds, "PPO's selection games"),
+              ("ppo.seed", ppo.training_seeds(distributed.nproc_per_node),
+               "PPO's training envs"))
+    for key, seeds, what in others:
+        if seeds_overlap(test.seeds, seeds):
+            raise ConfigError(
+                f"evaluate.seed={test.seed} (test seeds {describe_seeds(test.seeds)}) overlaps "
+                f"{key}={getattr(ppo, key.split('.')[1])} ({what}, seeds "
+                f"{describe_seeds(seeds)}): the final test must play other games; move one")
 
 
 def _check_scripted(env: EnvSpec, demos: DemoSource, bc: BCConfig) -> None:
@@ -363,6 +381,8 @@ class PipelineRun:
             info["explained_variance"] = calibration.get("explained_variance")
             info["initial_explained_variance"] = calibration.get("initial_explained_variance")
             info["linear_ceiling"] = calibration.get("linear_ceiling_explained_variance")
+        if "selection" in checkpoint.extra:
+            info["selection"] = checkpoint.extra["selection"]
         return info
 
     def _test(self) -> dict[str, Any]:
@@ -390,8 +410,13 @@ class PipelineRun:
                 agent = make_demonstrator(spec, seed=p.evaluate.seed, style=p.demos.style)
                 scores["demonstrator"] = play_games(agent, spec, games,
                                                     progress=self.progress).to_dict()
+        for name, score in scores.items():
+            self._say(f"[test] {name}: {score_text(score['mean'], score['sem'], score['episodes'])}"
+                      f" on seeds {games.seeds.start}-{games.seeds.stop - 1}")
         atomic_write_text(self.run_dir / "test.json", json.dumps(scores, indent=2))
-        return {"scores": {k: v["mean"] for k, v in scores.items()}}
+        return {"scores": {k: {"mean": v["mean"], "sem": v["sem"], "episodes": v["episodes"]}
+                           for k, v in scores.items()},
+                "seeds": [games.seeds.start, games.seeds.stop - 1]}
 
 
 def launch_ranks(stage: str, nproc: int, command: list[str]) -> None:
@@ -441,12 +466,18 @@ _STAGE_STEPS = {
 
 def summary_table(results: dict[str, StageResult]) -> str:
     """Scores, calibration and per-stage steps and wall time, as aligned text."""
-    scores = results["test"].info.get("scores", {}) if "test" in results else {}
-    lines = ["agent          greedy score"]
+    test = results["test"].info if "test" in results else {}
+    scores = test.get("scores", {})
+    seeds = test.get("seeds")
+    lines = ["agent          greedy score ± standard error"
+             + (f" (test seeds {seeds[0]}-{seeds[-1]})" if seeds else "")]
     for name in ("demonstrator", "bc", "calibrate", "ppo"):
         if name in scores:
             label = {"calibrate": "calibrated"}.get(name, name)
-            lines.append(f"{label:<14} {scores[name]:+9.2f}")
+            lines.append(f"{label:<14} {_score(scores[name])}")
+    ppo = results.get("ppo")
+    if ppo and ppo.info.get("selection"):
+        lines.append(f"ppo.pt is {selection_summary(ppo.info['selection'])}")
     cal = results.get("calibrate")
     if cal and cal.info.get("explained_variance") is not None:
         lines.append("")
@@ -470,6 +501,14 @@ def summary_table(results: dict[str, StageResult]) -> str:
         note = " (up to date)" if r.skipped else ""
         lines.append(f"{stage:<10} {r.wall_seconds:8.0f}s   {steps}{note}")
     return "\n".join(lines)
+
+
+def _score(score: Any) -> str:
+    """A test score as the summary quotes it; a state file from before scores kept their
+    standard error holds a bare mean."""
+    if isinstance(score, dict):
+        return score_text(score["mean"], score.get("sem"), score["episodes"])
+    return f"{score:+.2f} (games and SE not recorded)"
 
 
 def write_report(run_dir: Path, pipeline: Pipeline, results: dict[str, StageResult]) -> Path:

@@ -9,6 +9,7 @@ that a person can watch.
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +45,15 @@ def check_video_path(video: Path | str) -> Path:
 
 
 def format_table(results: dict[str, EvalResult]) -> str:
-    """A plain-text table with one row per named agent, so several agents compare at once."""
-    header = ["agent", "episodes", "mean", "std", "min", "max", "mean length"]
+    """A plain-text table with one row per named agent, so several agents compare at once.
+    Each mean is quoted with its standard error (`± SE`, n/a for one game) beside the
+    number of games it is the mean of."""
+    header = ["agent", "games", "mean ± SE", "std", "min", "max", "mean length"]
     rows = [
         [
             name,
             str(r.episodes),
-            f"{r.mean:.1f}",
+            f"{r.mean:.2f} ± " + ("n/a" if math.isnan(r.sem) else f"{r.sem:.2f}"),
             f"{r.std:.1f}",
             f"{r.min:.1f}",
             f"{r.max:.1f}",

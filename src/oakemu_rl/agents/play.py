@@ -33,8 +33,8 @@ class AgentActionError(OakEmuError, ValueError):
 class EvalConfig:
     """Which games to play. (Not `TestConfig`: pytest would try to collect that name.)"""
 
-    episodes: int = 5
-    """Games to play."""
+    episodes: int = 10
+    """Games to play (at least 10 tell two policies' means apart better than by luck)."""
     seed: int = 0
     """Episode i is played with seed `seed + i` (no-op starts and sticky actions)."""
     max_steps: int | None = None
@@ -48,6 +48,11 @@ class EvalConfig:
                 ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
                 ("max_steps", self.max_steps is None or self.max_steps >= 1, "≥ 1")]
 
+    @property
+    def seeds(self) -> range:
+        """The episodes' seeds: `seed` to `seed + episodes - 1`."""
+        return range(self.seed, self.seed + self.episodes)
+
 
 def _stat(values: list[float], fn: Any) -> float:
     return float(fn(np.asarray(values, dtype=np.float64))) if values else math.nan
@@ -57,8 +62,9 @@ def _stat(values: list[float], fn: Any) -> float:
 class EvalResult:
     """Scores (sum of raw game rewards) and lengths (agent steps) of the episodes played.
 
-    The statistics are over episodes; `std` is the population standard deviation (ddof=0).
-    They are NaN for a result with no episodes.
+    The statistics are over episodes; `std` is the population standard deviation (ddof=0)
+    and `sem` the standard error of the mean (sample std, ddof=1, over √episodes). They are
+    NaN for a result with no episodes (`sem` for one with fewer than two).
     """
 
     scores: list[float] = field(default_factory=list)
@@ -83,8 +89,21 @@ class EvalResult:
         return _stat(self.scores, np.std)
 
     @property
+    def sem(self) -> float:
+        """Standard error of the mean score: std (ddof=1) / √n; NaN for n < 2."""
+        if len(self.scores) < 2:
+            return math.nan
+        return float(np.std(np.asarray(self.scores, dtype=np.float64), ddof=1)
+                     / math.sqrt(len(self.scores)))
+
+    @property
     def min(self) -> float:
         return _stat(self.scores, np.min)
+
+    def summary(self) -> str:
+        """The mean with its standard error and number of games, e.g. `-3.20 ± 1.10 (10
+        games)`: how every score is quoted."""
+        return score_text(self.mean, self.sem, self.episodes)
 
     @property
     def max(self) -> float:
@@ -114,6 +133,7 @@ class EvalResult:
             "lengths": [int(n) for n in self.lengths],
             "mean": self.mean,
             "std": self.std,
+            "sem": self.sem,
             "min": self.min,
             "max": self.max,
             "mean_length": self.mean_length,
@@ -121,6 +141,15 @@ class EvalResult:
             "min_length": self.min_length,
             "max_length": self.max_length,
         }
+
+
+def score_text(mean: float, sem: float | None, episodes: int) -> str:
+    """A mean score as it is quoted everywhere: `mean ± SE (n games)`; with one game (or a
+    record that kept no SE) the error is said to be missing rather than left out."""
+    games = f"{episodes} game{'s' if episodes != 1 else ''}"
+    if sem is None or math.isnan(sem):
+        return f"{mean:+.2f} ({games}, no SE)"
+    return f"{mean:+.2f} ± {sem:.2f} ({games})"
 
 
 def checked_action(raw: Any, mask: np.ndarray, meanings: tuple[str, ...], agent: Any) -> int:

@@ -13,6 +13,12 @@ BC policy — the first updates, driven by an untrained critic, wreck the imprin
 
 Checkpoints every `checkpoint_every` updates (`ppo_last.pt`, with optimizer state) make
 `--resume` continue with the same global step, optimizer state and schedules.
+
+**Selection**: every greedy evaluation plays the same `eval_episodes` games (the selection
+seeds, from `eval_seed`, apart from the training envs' seeds and the final test's), and the
+shipped `ppo.pt` holds the evaluated policy with the best mean score there (the earliest
+on a tie); `ppo_last.pt` keeps the last one. `ppo.pt`'s extra `selection` names the update
+chosen, its score ± standard error and every evaluation's.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from tqdm import tqdm
 
 from .. import distributed, runs
 from ..agents import greedy_agent
-from ..agents.play import EvalConfig, play_games
+from ..agents.play import EvalConfig, play_games, score_text
 from ..checkpoint import (
     Checkpoint,
     lineage_inputs,
@@ -57,7 +63,7 @@ LAST = "ppo_last.pt"
 # Options that fix the counters and schedules a resumed run must continue.
 RESUME_KEYS = ("total_steps", "num_envs", "num_steps", "lr", "anneal_lr", "warmup_updates",
                "warmup_ramp_updates", "kl_coef", "kl_decay", "bc_coef", "bc_decay",
-               "from_scratch")
+               "from_scratch", "eval_episodes", "eval_seed", "eval_max_steps")
 
 
 @dataclass(frozen=True)
@@ -118,9 +124,14 @@ class PPOConfig:
     bc_batch_size: int = 64
     """Demo samples per minibatch for the BC loss."""
     eval_every: int = 0
-    """Greedy evaluation every this many updates (0: only at the end)."""
-    eval_episodes: int = 3
-    """Episodes per greedy evaluation."""
+    """Greedy evaluation every this many updates, and always after the last (0: only after
+    the last); ppo.pt is the evaluated policy that scored best."""
+    eval_episodes: int = 10
+    """Greedy games per evaluation, the same selection games every time (0: no evaluation,
+    ppo.pt is the last policy)."""
+    eval_seed: int = 10_000
+    """Seed of the first selection game: evaluations play seeds eval_seed to eval_seed +
+    eval_episodes - 1, which must not be training envs' seeds (seed + 1 onwards)."""
     eval_max_steps: int | None = None
     """Agent steps after which an evaluation episode is cut (default: whole games, as the
     final test plays them; a cut game's score is not a game score)."""
@@ -135,6 +146,10 @@ class PPOConfig:
     """Torch CPU threads while training (0: leave torch's default)."""
 
     def __post_init__(self) -> None:
+        try:  # (a wrong type or count is refused below, by name)
+            training = self.training_seeds() if self.batch_size >= 1 else range(0)
+        except TypeError:
+            training = range(0)
         check_options(self, [
             ("total_steps", self.total_steps >= 1, "≥ 1"),
             ("num_envs", self.num_envs >= 1, "≥ 1"), ("num_steps", self.num_steps >= 1, "≥ 1"),
@@ -157,10 +172,25 @@ class PPOConfig:
             ("eval_every", self.eval_every >= 0, "≥ 0"),
             ("eval_episodes", self.eval_episodes >= 0, "≥ 0"),
             ("eval_max_steps", self.eval_max_steps is None or self.eval_max_steps >= 1, "≥ 1"),
+            ("eval_seed", 0 <= self.eval_seed <= SEED_MAX - self.eval_episodes,
+             f"from 0 to {SEED_MAX} - --eval-episodes"),
+            ("eval_seed", not seeds_overlap(self.selection_seeds, training),
+             f"outside the training envs' seeds ({describe_seeds(training)})"),
             ("checkpoint_every", self.checkpoint_every >= 1, "≥ 1"),
             ("threads", self.threads >= 0, "≥ 0"),
             ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
         ], stage="ppo")
+
+    @property
+    def selection_seeds(self) -> range:
+        """The seeds of the games every greedy evaluation plays (empty without evaluation)."""
+        return range(self.eval_seed, self.eval_seed + self.eval_episodes)
+
+    def training_seeds(self, world_size: int = 1) -> range:
+        """Every seed a training env may start from: a run (or a resume after update u)
+        seeds env i of rank r with seed + u + 1 + r × num_envs + i."""
+        return range(self.seed + 1, self.seed + self.updates(world_size)
+                     + world_size * self.num_envs)
 
     @property
     def batch_size(self) -> int:
@@ -180,6 +210,17 @@ class PPOConfig:
         return PPOCoefficients(clip_coef=self.clip_coef, ent_coef=self.ent_coef,
                                vf_coef=self.vf_coef, clip_vloss=self.clip_vloss,
                                norm_adv=self.norm_adv)
+
+
+def seeds_overlap(first: range, second: range) -> bool:
+    """Whether two ranges of game seeds share a seed."""
+    return bool(first) and bool(second) and first.start < second.stop \
+        and second.start < first.stop
+
+
+def describe_seeds(seeds: range) -> str:
+    """`first to last` of a range of game seeds."""
+    return f"{seeds.start} to {seeds.stop - 1}" if seeds else "(none)"
 
 
 # -- schedules (pure) --------------------------------------------------------------------
@@ -336,6 +377,10 @@ class _Trainer:
         self.saved = False  # whether ppo_last.pt holds a good state of this run
         self.demo_batches: Any = None
         self.last_eval: dict[str, float] = {}
+        self.best: dict[str, Any] | None = None
+        """The best-scoring evaluation so far, with its weights: what ppo.pt will hold."""
+        self.evaluations: list[dict[str, Any]] = []
+        """Every evaluation's update, agent step, mean score, standard error and games."""
         self.collector: RolloutCollector | None = None
         self.inputs: list[str | Path] = []
         """The files this run reads, named in the lineage: the start and any BC demos."""
@@ -373,6 +418,8 @@ class _Trainer:
         self.global_step = int(last.steps["ppo/global_step"])
         self.generator.set_state(last.extra["generator"])
         torch.set_rng_state(last.extra["torch_rng"])
+        kept = last.extra.get("selection_state", {})
+        self.best, self.evaluations = kept.get("best"), list(kept.get("evaluations", []))
         self.saved = True
 
     def train(self) -> None:
@@ -404,8 +451,6 @@ class _Trainer:
                     if update % config.checkpoint_every == 0 or update == self.num_updates:
                         self.save(self.last_path, update, final=False)
                     _show(bar, record, _mean(list(self.collector.stats.returns)[-20:]))
-                if config.eval_episodes and self.world.is_main:
-                    log.log(self.steps_done(), self.evaluate(self.num_updates))
         finally:
             bar.close()
             self.collector.close()
@@ -450,7 +495,8 @@ class _Trainer:
                           ("clipfrac", "losses/clipfrac"), ("kl_ref", "guards/kl_ref"),
                           ("bc", "guards/bc_loss")):
             record[name] = self.across_ranks(stats.get(key, []))
-        if config.eval_every and update % config.eval_every == 0 and self.world.is_main:
+        if config.eval_episodes and (update == self.num_updates or (
+                config.eval_every and update % config.eval_every == 0)):
             record |= self.evaluate(update)
         return record
 
@@ -559,38 +605,72 @@ class _Trainer:
                     "from it with --resume, e.g. with a lower --lr)")
         return "training stopped, no checkpoint was written by this run"
 
-    def evaluate(self, update: int) -> dict[str, float]:
-        """Greedy games of the current policy on seeds 10,000 + update."""
+    def evaluate(self, update: int) -> dict[str, Any]:
+        """Greedy games of the current policy on the selection seeds (the same games at
+        every evaluation, so their means compare); keeps the policy when it scores best so
+        far. Every rank takes part (the weight digests), rank 0 alone plays."""
+        digests = distributed.weight_digests(self.world, self.model)
+        if not self.world.is_main:
+            return {}
         # The onnx agent traces a copy of the weights, so the model in training is untouched.
         agent = greedy_agent(self.model, self.mask.cpu().numpy(), device="cpu", engine="onnx")
         config = self.config
         result = play_games(agent, self.spec, EvalConfig(
-            episodes=config.eval_episodes, seed=10_000 + update,
+            episodes=config.eval_episodes, seed=config.eval_seed,
             max_steps=config.eval_max_steps), progress=False)
-        self.last_eval = {"eval/greedy_return": result.mean,
-                          "eval/greedy_return_std": result.std,
-                          "eval/greedy_length": result.mean_length}
+        point = {"update": update, "global_step": self.steps_done(), "mean": result.mean,
+                 "sem": None if np.isnan(result.sem) else result.sem,
+                 "episodes": result.episodes}
+        self.evaluations.append(point)
+        record = {"eval/greedy_return": result.mean, "eval/greedy_return_std": result.std,
+                  "eval/greedy_return_sem": result.sem, "eval/episodes": result.episodes,
+                  "eval/greedy_length": result.mean_length}
+        if self.best is None or result.mean > self.best["mean"]:
+            self.best = point | {"state_dict": plain_state_dict(self.model),
+                                 "rank_weight_sha256": digests, "eval": record}
+        self.last_eval = record | {"eval/selected_update": self.best["update"],
+                                   "eval/selected_return": self.best["mean"]}
         return self.last_eval
+
+    def selection(self) -> dict[str, Any]:
+        """What ppo.pt records of how it was chosen: the update, its selection score ±
+        standard error over how many games on which seeds, and every evaluation's score."""
+        config = self.config
+        if self.best is None:
+            return {"update": self.num_updates, "evaluated": False}
+        seeds = config.selection_seeds
+        return {"evaluated": True, "last_update": self.num_updates,
+                "seeds": [seeds.start, seeds.stop - 1], "max_steps": config.eval_max_steps,
+                **{k: self.best[k] for k in ("update", "global_step", "mean", "sem",
+                                             "episodes")},
+                "evaluations": list(self.evaluations)}
 
     def save(self, path: Path, update: int, *, final: bool) -> None:
         """Rank 0 writes `path`, with every rank's weight digest; every rank then knows a
-        good checkpoint exists."""
-        ranks = {"world_size": self.world.world_size,
-                 "rank_weight_sha256": distributed.weight_digests(self.world, self.model)}
+        good checkpoint exists. The final file (ppo.pt) holds the selected policy."""
+        digests = distributed.weight_digests(self.world, self.model)
         if not self.world.is_main:
             self.saved = True
             return
-        extra = ranks if final else ranks | {
+        chosen = self.best if final and self.best is not None else None
+        extra = {"selection": self.selection()} if final else {
             "optimizer": self.optimizer.state_dict(),
             "reference": plain_state_dict(self.reference),
-            "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state()}
+            "generator": self.generator.get_state(), "torch_rng": torch.get_rng_state(),
+            "selection_state": {"best": self.best, "evaluations": self.evaluations}}
+        extra |= {"world_size": self.world.world_size,
+                  "rank_weight_sha256": chosen["rank_weight_sha256"] if chosen else digests,
+                  "timings": self.collector.timings.as_dict(),
+                  "eval": chosen["eval"] if chosen else self.last_eval}
+        steps = ({"updates": chosen["update"], "global_step": chosen["global_step"]} if chosen
+                 else {"updates": update, "global_step": self.steps_done()})
         checkpoint = Checkpoint.from_model(
             self.model, stage="ppo", action_meanings=self.start.action_meanings,
             action_mask=self.start.action_mask, env_spec=self.start.env_spec,
-            steps={"updates": update, "global_step": self.steps_done()},
-            config=dataclasses.asdict(self.config),
-            extra=extra | {"timings": self.collector.timings.as_dict(), "eval": self.last_eval},
+            steps=steps, config=dataclasses.asdict(self.config), extra=extra,
             parent=self.start, inputs=self.inputs)
+        if chosen:
+            checkpoint = dataclasses.replace(checkpoint, state_dict=chosen["state_dict"])
         save_checkpoint(path, checkpoint)
         self.saved = True
 
@@ -606,10 +686,17 @@ class _Trainer:
             tqdm.write(f"time: env {t.env:.0f}s ({100 * t.env / total:.0f}%), inference "
                        f"{t.inference:.0f}s ({100 * t.inference / total:.0f}%), learning "
                        f"{t.learn:.0f}s ({100 * t.learn / total:.0f}%)")
-            if self.last_eval:
-                tqdm.write(f"greedy return {self.last_eval['eval/greedy_return']:+.1f} over "
-                           f"{self.config.eval_episodes} episode(s); wrote {path}")
         return path
+
+
+def selection_summary(selection: dict[str, Any]) -> str:
+    """One line on which policy a ppo.pt holds and how it scored when it was chosen."""
+    if not selection.get("evaluated"):
+        return "no greedy evaluation (eval_episodes 0): the last policy"
+    first, last = selection["seeds"]
+    return (f"update {selection['update']} of {selection['last_update']}, selected on "
+            f"{score_text(selection['mean'], selection['sem'], selection['episodes'])} "
+            f"greedy, seeds {first}-{last} (the last update is in {LAST})")
 
 
 def _take(batch: PPOBatch, idx: torch.Tensor) -> PPOBatch:
