@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import EnvError
 from . import roms
-from .gameconfig import GameConfig, RewardTracker
+from .gameconfig import BUTTONS, GameConfig, RewardTracker
 from .spec import EnvSpec
 
 _START_CACHE: dict[tuple[str, str], bytes] = {}  # (rom sha256, config) -> start state
@@ -53,6 +53,11 @@ def _load_state(emulator: Any, data: bytes, spec: EnvSpec) -> None:
     if stream.read(1):
         raise roms.RomError(f"the start state of {spec.game} is not a save state of this "
                             "emulator and ROM (bytes are left over after loading it)")
+    # A state saved between steps still holds the last step's buttons: PyBoy applies their
+    # release on the next tick, and that pending release is not part of the state. Queue
+    # it again, so a loaded game goes on as the saved one did instead of holding them.
+    for button in BUTTONS:
+        emulator.button_release(button.lower())
 
 
 class GameBoyEnv(gym.Env):

@@ -312,7 +312,8 @@ def _state_digest(table: dict[str, Any], base: Path | None) -> str:
 
 def _game(table: dict[str, Any], symbols: dict[str, int]) -> dict[str, Any]:
     _check_keys("game", table, _SECTIONS["game"])
-    frames = _int("game.frames_per_action", table.get("frames_per_action", 4), 1, 255)
+    # At most 64: the env spec's frame_skip, which is set from it, allows no more.
+    frames = _int("game.frames_per_action", table.get("frames_per_action", 4), 1, 64)
     press = _int("game.press_frames", table.get("press_frames", frames), 1, frames)
     out = {
         "name": _str("game.name", table.get("name")).lower().replace("-", "_").replace(" ", "_"),

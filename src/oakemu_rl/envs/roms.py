@@ -23,6 +23,9 @@ from ..errors import EnvError
 from ..fsutil import atomic_write
 
 LOGO_AT = 0x0104
+# The first half of the logo bitmap every cartridge carries at $0104: what every Game Boy's
+# boot ROM checks before it runs a cartridge (the colour models check only this half).
+LOGO_HEAD = bytes.fromhex("CEED6666CC0D000B03730083000C000D0008111F8889000E")
 TITLE_AT, TITLE_END = 0x0134, 0x0144
 HEADER_CHECKSUM_AT = 0x014D
 STATE_MAGIC = b"OAKEMU-STATE "
@@ -56,6 +59,9 @@ def check_rom(data: bytes, name: str) -> str:
     if len(data) < 0x8000 or len(data) % 0x4000 or len(data) > 8 * 1024 * 1024:
         raise RomError(f"{name} is not a Game Boy ROM: {len(data):,} bytes, where a cartridge "
                        "image is a multiple of 16 KiB from 32 KiB to 8 MiB")
+    if data[LOGO_AT:LOGO_AT + len(LOGO_HEAD)] != LOGO_HEAD:
+        raise RomError(f"{name} is not a Game Boy ROM: it lacks the logo every cartridge "
+                       f"carries at ${LOGO_AT:04X}")
     if header_checksum(data) != data[HEADER_CHECKSUM_AT]:
         raise RomError(f"{name} is not a valid Game Boy ROM: its header checksum is "
                        f"${data[HEADER_CHECKSUM_AT]:02X}, the header sums to "
