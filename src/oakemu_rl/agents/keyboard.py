@@ -438,7 +438,8 @@ class KeyboardAgent:
             return None, None
 
     def _bar_height(self) -> int:
-        return 0 if self._small_font is None else 2 * self._small_font.get_linesize() + 6
+        lines = 3 if self.gameboy else 2
+        return 0 if self._small_font is None else lines * self._small_font.get_linesize() + 6
 
     def _status(self) -> str:
         speed = SPEEDS[self.speed_index]
@@ -488,10 +489,12 @@ class KeyboardAgent:
         if self._small_font is not None:
             line = self._small_font.get_linesize()
             status = self._status()
-            keys = "P pause | BACKSPACE discard | ESC stop | +/- speed"
-            for row, (text, colour) in enumerate(
-                ((status, (255, 255, 255)), (keys, (170, 170, 170)))
-            ):
+            rows = [(status, (255, 255, 255)),
+                    ("P pause | BACKSPACE discard | ESC stop | +/- speed", (170, 170, 170))]
+            if self.gameboy:
+                rows.append(("arrows D-pad | X=A Z=B | ENTER=START RSHIFT=SELECT",
+                             (170, 170, 170)))
+            for row, (text, colour) in enumerate(rows):
                 surface = self._small_font.render(text, True, colour)
                 screen.blit(surface, (4, game_height + 3 + row * line))
         pg.display.flip()
