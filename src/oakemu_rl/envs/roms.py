@@ -88,25 +88,33 @@ def builtin_roms() -> dict[str, bytes]:
 def add_rom(path: str | Path) -> tuple[str, str]:
     """Check a ROM file and keep a copy in the store; its (sha256, title)."""
     path = Path(path).expanduser()
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise RomError(f"ROM {path} does not exist") from None
-    except OSError as error:
-        raise RomError(f"cannot read the ROM {path}: {error}") from None
+    data = _read(path, "ROM")
     title = check_rom(data, str(path))
     digest = sha256(data)
     if digest not in builtin_roms():
-        target = store_dir() / f"{digest}.gb"
-        if not target.exists():
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with atomic_write(target) as handle:
-                    handle.write(data)
-            except OSError as error:
-                raise RomError(f"cannot keep a copy of {path} in {target.parent}: {error}") \
-                    from None
+        _keep(data, store_dir() / f"{digest}.gb", path)
     return digest, title
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise RomError(f"{what} {path} does not exist") from None
+    except OSError as error:
+        raise RomError(f"cannot read the {what} {path}: {error}") from None
+
+
+def _keep(data: bytes, target: Path, source: Path) -> None:
+    """Write a copy into the store (atomically) unless it is there already."""
+    if target.exists():
+        return
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(target) as handle:
+            handle.write(data)
+    except OSError as error:
+        raise RomError(f"cannot keep a copy of {source} in {target.parent}: {error}") from None
 
 
 def find_rom(digest: str) -> bytes | None:
@@ -166,21 +174,12 @@ def split_state(data: bytes, name: str) -> tuple[str | None, bytes]:
 def add_state(path: str | Path) -> str:
     """Keep a copy of a save state file in the store; its sha256."""
     path = Path(path).expanduser()
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise RomError(f"save state {path} does not exist") from None
-    except OSError as error:
-        raise RomError(f"cannot read the save state {path}: {error}") from None
+    data = _read(path, "save state")
     if len(data) < 64:
         raise RomError(f"{path} is not a save state ({len(data)} bytes)")
     split_state(data, str(path))
     digest = sha256(data)
-    target = store_dir() / "states" / f"{digest}.state"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(target) as handle:
-            handle.write(data)
+    _keep(data, store_dir() / "states" / f"{digest}.state", path)
     return digest
 
 
