@@ -6,8 +6,12 @@ directories, missing paths, random bytes, HDF5 files with a dataset of the wrong
 shape, a key or attribute deleted or given a value of another type, links, other HDF5
 files; checkpoints with a random subset of keys deleted or replaced by other types,
 nested entries and tensors damaged, foreign torch and zip files, and pickle payloads that
-would run code. Each file goes through the commands that read it (`oakemu demos validate`,
-`demos info`, `bootstrap bc`, `info`, `test`), run with click's CliRunner in a forked
+would run code; and Game Boy inputs: files that are not ROMs (random bytes, a tiny file,
+text, HDF5), a ROM whose header checksum fails, a missing ROM path, a game config naming
+RAM outside the Game Boy's map, and a start save state taken on another ROM. Each file
+goes through the commands that read it (`oakemu demos validate`, `demos info`,
+`bootstrap bc`, `info`, `test`, `envs --rom`, and `record --rom` / `record --game-config`
+once `oakemu record` has those options), run with click's CliRunner in a forked
 child so that a hang (SIGALRM after `--timeout` seconds) or a crash inside a C library is
 caught and counted instead of stopping the run. Allowed outcomes:
 
@@ -58,6 +62,11 @@ DEMO_KINDS = ("truncate", "flip", "zero_block", "empty", "directory", "missing",
 CKPT_KINDS = ("truncate", "flip", "zero_block", "empty", "directory", "missing", "random_bytes",
               "ckpt_delete", "ckpt_replace", "ckpt_nested", "ckpt_tensor", "ckpt_spec",
               "foreign_torch", "foreign_zip", "hostile", "cross")
+GB_KINDS = ("gb_not_rom", "gb_bad_checksum", "gb_missing_rom", "gb_config_ram",
+            "gb_foreign_state")
+"""Game Boy inputs, each refused whatever reads it: the ROM kinds through `envs --rom` (and
+`record --rom`), the config kinds through `record --game-config` and, now, through
+`test` on a catch checkpoint whose env spec stores that config."""
 
 
 # -- the valid files everything is derived from ----------------------------------------------
@@ -441,6 +450,139 @@ def _ckpt_mutation(kind: str, base: Path, out: Path, rng: np.random.Generator,
     out.write_bytes(buffer.getvalue())
 
 
+# -- Game Boy inputs -------------------------------------------------------------------------
+
+
+def _catch_config(rng: np.random.Generator, note: list[str]) -> dict[str, Any]:
+    """The shipped catch config with one address moved outside the Game Boy's RAM map."""
+    import tomllib
+
+    from oakemu_rl.envs.gameconfig import shipped_games
+
+    data = tomllib.loads(shipped_games()["catch"].read_text())
+    outside = int(_pick(rng, [0x0000, 0x0100, 0x7FFF, 0xE000, 0xFDFF, 0xFEA0, 0xDFFF]))
+    single = outside if outside != 0xDFFF else 0xE000  # $DFFF is outside only for 2 bytes
+    how = _pick(rng, ["reward", "end", "lives", "symbol", "count", "list"])
+    if how == "reward":
+        data["rewards"][0]["address"] = outside  # the score: 2 bytes wide
+    elif how == "end":
+        data["ends"][0]["address"] = single
+    elif how == "lives":
+        data["game"]["lives"] = single
+    elif how == "symbol":
+        data["symbols"]["misses"] = single
+    elif how == "count":
+        data["rewards"][1].update(address=0xDF00, count=int(rng.integers(0x101, 0x1000)))
+    else:
+        data["rewards"][1].pop("address")
+        data["rewards"][1]["addresses"] = ["score", single]
+    note.append(f"{how} ${outside:04X}")
+    return data
+
+
+def _toml(data: dict[str, Any]) -> str:
+    """A game config as TOML (tables and arrays of tables of plain values)."""
+    def value(v: Any) -> str:
+        return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
+
+    lines = []
+    for name, table in data.items():
+        for entry in (table if isinstance(table, list) else [table]):
+            lines.append(f"[[{name}]]" if isinstance(table, list) else f"[{name}]")
+            lines += [f"{k} = {value(v)}" for k, v in entry.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _catch_checkpoint(path: Path, game_config: str) -> Path:
+    """A tiny catch checkpoint whose env spec stores `game_config` (JSON), as a checkpoint
+    made with that config (or edited afterwards) would."""
+    from oakemu_rl.checkpoint import Checkpoint, save_checkpoint
+    from oakemu_rl.envs import EnvSpec
+    from oakemu_rl.model import ARCHITECTURES, PPOModel
+
+    spec = EnvSpec(game="catch").to_dict()
+    spec["game_config"] = game_config
+    torch.manual_seed(0)
+    model = PPOModel((4, 84, 84), 3, ARCHITECTURES["tiny"])
+    return save_checkpoint(path, Checkpoint.from_model(
+        model, stage="bc", action_meanings=["NOOP", "LEFT", "RIGHT"],
+        action_mask=[True, True, True], env_spec=spec, steps={"epochs": 1}))
+
+
+def _gameboy_case(index: int, kind: str, out_dir: Path, rng: np.random.Generator,
+                  note: list[str]) -> tuple[Path, Path | None]:
+    """Write Game Boy case `index`: (the file a command is given, a checkpoint storing it)."""
+    from oakemu_rl.envs import EnvSpec, make_env, roms
+    from oakemu_rl.envs.gbgame.build import build_rom, header_checksum
+
+    stem = out_dir / f"case{index:05d}_{kind}"
+    if kind == "gb_not_rom":
+        how = _pick(rng, ["random", "tiny", "text", "hdf5", "odd_size", "state"])
+        data = {"random": rng.bytes(0x4000 * int(rng.integers(2, 9))),
+                "tiny": rng.bytes(int(rng.integers(0, 400))),
+                "text": b"[game]\nname = 'catch'\n" * 40,
+                "odd_size": build_rom()[: 0x4000 * 2 - int(rng.integers(1, 0x4000))],
+                "state": roms.STATE_MAGIC + b'{"rom_sha256": "00"}\n' + rng.bytes(0x8000),
+                "hdf5": b""}[how]
+        path = stem.with_suffix(".gb")
+        if how == "hdf5":
+            with h5py.File(path, "w") as handle:
+                handle.create_dataset("x", data=np.zeros(0x8000, dtype=np.uint8))
+        else:
+            path.write_bytes(data)
+        note.append(how)
+        return path, None
+    if kind == "gb_bad_checksum":
+        rom = bytearray(build_rom())
+        at = int(rng.integers(0x134, 0x14E))  # a header byte, or the checksum itself
+        rom[at] ^= 1 << int(rng.integers(0, 8))
+        stem.with_suffix(".gb").write_bytes(rom)
+        note.append(f"${at:04X} flipped")
+        return stem.with_suffix(".gb"), None
+    if kind == "gb_missing_rom":
+        return stem.with_suffix(".gb"), None
+    if kind == "gb_config_ram":
+        data = _catch_config(rng, note)
+        path = stem.with_suffix(".toml")
+        path.write_text(_toml(data))
+        return path, _catch_checkpoint(stem.with_suffix(".pt"), json.dumps(data))
+    if kind == "gb_foreign_state":
+        other = bytearray(build_rom())
+        other[0x134:0x13C] = b"OAKOTHER"
+        other[0x14D] = header_checksum(other)
+        other_sha = roms.sha256(bytes(other))
+        env = make_env(EnvSpec(game="catch", noop_max=0, repeat_action_probability=0.0))
+        try:
+            env.reset(seed=int(rng.integers(0, 100)))
+            for _ in range(int(rng.integers(0, 20))):
+                env.step(int(rng.integers(0, 3)))
+            buffer = io.BytesIO()
+            env.unwrapped.emulator.save_state(buffer)
+        finally:
+            env.close()
+        state = stem.with_suffix(".state")
+        state.write_bytes(roms.state_bytes(other_sha, buffer.getvalue()))
+        import tomllib
+
+        from oakemu_rl.envs.gameconfig import shipped_games
+
+        data = tomllib.loads(shipped_games()["catch"].read_text())
+        data["start"] = {"mode": "state", "state": state.name}
+        path = stem.with_suffix(".toml")
+        path.write_text(_toml(data))
+        data["start"] = {"mode": "state", "state_sha256": roms.add_state(state)}
+        note.append(f"saved on {other_sha[:12]}")
+        return path, _catch_checkpoint(stem.with_suffix(".pt"), json.dumps(data))
+    raise ValueError(kind)
+
+
+def _record_options() -> set[str]:
+    """The options `oakemu record` has (`--rom` and `--game-config` are being added)."""
+    from oakemu_rl.cli import cli
+
+    return {name for param in cli.commands["record"].params for name in param.opts}
+
+
 @dataclass
 class Case:
     index: int
@@ -449,11 +591,17 @@ class Case:
     path: Path
     note: str
     commands: list[list[str]] = field(default_factory=list)
+    checkpoint: Path | None = None
+    """Game Boy config kinds: a catch checkpoint whose env spec stores the case's config."""
 
 
 def make_case(index: int, target: str, kind: str, demo: Path, checkpoint: Path, out_dir: Path,
               rng: np.random.Generator, marker: Path) -> Case:
     """Write mutated file number `index` and say which commands read it."""
+    if target == "gameboy":
+        note: list[str] = []
+        path, stored = _gameboy_case(index, kind, out_dir, rng, note)
+        return Case(index, target, kind, path, "; ".join(note), checkpoint=stored)
     base = demo if target == "demo" else checkpoint
     path = out_dir / f"case{index:05d}_{kind}{'.h5' if target == 'demo' else '.pt'}"
     note: list[str] = []
@@ -482,6 +630,20 @@ def commands_for(case: Case, run_dir: Path, rng: np.random.Generator,
     """The CLI invocations that read `case.path`: the cheap readers always, the training
     and testing commands for a share of the cases."""
     p = str(case.path)
+    if case.target == "gameboy":
+        record = ["record", "--game", "catch", "--demonstrator", "scripted", "--episodes", "1",
+                  "--max-steps", "5", "--out", str(run_dir / f"gb{case.index}.h5")]
+        options = _record_options()
+        if case.kind in ("gb_config_ram", "gb_foreign_state"):
+            commands = [["test", str(case.checkpoint), "--episodes", "1", "--max-steps", "5",
+                         "--device", "cpu"]]
+            if "--game-config" in options:
+                commands.append([*record, "--game-config", p])
+        else:
+            commands = [["envs", "--rom", p]]
+            if "--rom" in options:
+                commands.append([*record, "--rom", p])
+        return commands
     heavy = rng.random() < heavy_share or case.kind in ("h5_spec", "ckpt_spec")
     if case.target == "demo":
         commands = [["demos", "validate", p], ["demos", "info", p]]
@@ -597,8 +759,10 @@ class Report:
 
 
 def plan(cases: int, rng: np.random.Generator) -> list[tuple[str, str]]:
-    """(target, kind) of each case: every kind about equally often, demos and checkpoints."""
-    all_kinds = [("demo", k) for k in DEMO_KINDS] + [("checkpoint", k) for k in CKPT_KINDS]
+    """(target, kind) of each case: every kind about equally often, demos, checkpoints and
+    Game Boy inputs."""
+    all_kinds = ([("demo", k) for k in DEMO_KINDS] + [("checkpoint", k) for k in CKPT_KINDS]
+                 + [("gameboy", k) for k in GB_KINDS])
     order = [all_kinds[i % len(all_kinds)] for i in range(cases)]
     rng.shuffle(order)
     return order
@@ -613,7 +777,7 @@ def _warm_imports() -> None:
     matplotlib.use("Agg")
     for name in ("matplotlib.pyplot", "torch.utils.tensorboard", "click.testing",
                  "oakemu_rl.cli", "oakemu_rl.demos", "oakemu_rl.bootstrap.bc",
-                 "oakemu_rl.tester"):
+                 "oakemu_rl.tester", "oakemu_rl.envs.gameboy", "oakemu_rl.envs.gbgame.build"):
         importlib.import_module(name)
 
 
@@ -621,6 +785,8 @@ def fuzz(cases: int, seed: int, workdir: Path, *, timeout: float = 30.0,
          heavy_share: float = 0.25, progress: Callable[[str], None] | None = None) -> Report:
     """Make `cases` mutated files under `workdir` and run each through the CLI."""
     workdir = Path(workdir)
+    # Game Boy cases add ROMs and save states to the store: never to the user's.
+    os.environ.setdefault("OAKEMU_ROM_DIR", str(workdir / "roms"))
     _warm_imports()
     demo, checkpoint = build_base(workdir / "base")
     out_dir = workdir / "cases"

@@ -14,6 +14,8 @@ after its progress bar appears:
                 metrics hold every update exactly once.
     pipeline    `pipeline run` on a tiny TOML: a re-run never redoes a finished stage, the
                 set of finished stages never shrinks, and the last re-run completes.
+    record_gb   `record --game catch --demonstrator scripted` on the Game Boy (PyBoy),
+                checked as record is.
 
 After every kill every output file in the stage's folder is opened: checkpoints with
 `load_checkpoint`, demo files with `validate_demo_file`, JSON, JSONL (every complete
@@ -44,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TEMP = re.compile(r"^\..+\.tmp-")
-STAGES = ("record", "bc", "calibrate", "ppo", "pipeline")
+STAGES = ("record", "bc", "calibrate", "ppo", "pipeline", "record_gb")
 PIPELINE_STAGES = ("record", "bc", "calibrate", "ppo", "test")
 
 
@@ -54,6 +56,8 @@ class Budget:
 
     record_episodes: int = 6
     record_max_steps: int = 40
+    gameboy_max_steps: int = 600
+    """Game Boy steps are ~10x cheaper than Atari's: longer episodes keep a kill mid-run."""
     bc_epochs: int = 30
     calibrate_iterations: int = 30
     ppo_total_steps: int = 4096
@@ -73,9 +77,10 @@ class Budget:
     always are: their checks need it)."""
 
 
-QUICK = Budget(record_episodes=3, record_max_steps=30, bc_epochs=12, calibrate_iterations=12,
-               ppo_total_steps=2048, pipeline_ppo_steps=256, window=1.5, timeout=120.0,
-               pipeline_marker="[bc] running", mid_write_first=True, finish_runs=False)
+QUICK = Budget(record_episodes=3, record_max_steps=30, gameboy_max_steps=450, bc_epochs=12,
+               calibrate_iterations=12, ppo_total_steps=2048, pipeline_ppo_steps=256,
+               window=1.5, timeout=120.0, pipeline_marker="[bc] running",
+               mid_write_first=True, finish_runs=False)
 
 
 @dataclass
@@ -177,6 +182,7 @@ class Harness:
                         OAKEMU_RUNS=str(self.workdir / "runs_root"), SDL_VIDEODRIVER="dummy",
                         SDL_AUDIODRIVER="dummy", PYTHONUNBUFFERED="1")
         self.env.pop("PYTEST_CURRENT_TEST", None)
+        self.env.setdefault("OAKEMU_ROM_DIR", str(self.workdir / "roms"))  # never the user's
         self.runs = 0
         self.mid_write = False
         """When set, the next kill waits for a temporary file instead of a random delay."""
@@ -257,13 +263,15 @@ class Harness:
 
     # -- the stages ---------------------------------------------------------------------------
 
-    def record(self, kills: int) -> StageReport:
+    def record(self, kills: int, game: str = "pong", stage: str = "record") -> StageReport:
         from oakemu_rl.demos import DemoFile
 
         b = self.budget
-        folder = self._folder("record")
+        folder = self._folder(stage)
         out = folder / "demos.h5"
-        report = StageReport("record", "oakemu record --demonstrator scripted (append)")
+        what = "" if game == "pong" else f" --game {game}"
+        report = StageReport(stage, f"oakemu record{what} --demonstrator scripted (append)")
+        max_steps = b.record_max_steps if game == "pong" else b.gameboy_max_steps
         counts = [0]
 
         def episodes() -> int:
@@ -273,13 +281,13 @@ class Harness:
                 return len(demo.episodes)
 
         def args(seed: int) -> list[str]:
-            return ["record", "--demonstrator", "scripted", "--game", "pong", "--episodes",
-                    str(b.record_episodes), "--max-steps", str(b.record_max_steps),
+            return ["record", "--demonstrator", "scripted", "--game", game, "--episodes",
+                    str(b.record_episodes), "--max-steps", str(max_steps),
                     "--noise", "0.1", "--seed", str(seed), "--out", str(out)]
 
         def attempt(window: float) -> str:
             how, code, output = self.run(args(100 * self.runs), folder,
-                                         marker="recording pong", window=window)
+                                         marker=f"recording {game}", window=window)
             check_tree(folder, report)
             now = episodes()
             if now < counts[-1]:
@@ -302,6 +310,10 @@ class Harness:
         report.notes.append("episodes on disk after each run: "
                             + " → ".join(str(c) for c in counts))
         return report
+
+    def record_gb(self, kills: int) -> StageReport:
+        """record on the Game Boy: CATCH, the project's own ROM, played from RAM."""
+        return self.record(kills, game="catch", stage="record_gb")
 
     def _demos(self) -> Path:
         """The record stage's demo file, or a fresh one."""

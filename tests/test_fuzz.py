@@ -2,7 +2,9 @@
 
 A seeded sample of the cases benchmarks/fuzz_inputs.py runs by the thousand (truncated,
 flipped and zeroed bytes, wrong dtypes and shapes, missing keys and attributes, other
-HDF5, zip and torch files, damaged checkpoint entries, pickle payloads). Each CLI run is
+HDF5, zip and torch files, damaged checkpoint entries, pickle payloads, and Game Boy
+inputs: files that are not ROMs, bad header checksums, configs naming RAM outside the
+map, save states from another ROM, missing ROMs). Each CLI run is
 made in a forked child with a SIGALRM timeout, so a hang or a crash in a C library is
 counted instead of stopping the test. Only exit 0, or a non-zero exit with exactly one
 "Error: " line and no traceback, are allowed.
@@ -28,8 +30,9 @@ def test_mutated_inputs_give_success_or_one_clear_error(tmp_path) -> None:
                               heavy_share=0.05)
     print(fuzz_inputs.format_report(report))
     assert report.files == CASES
-    every_kind = {f"demo:{k}" for k in fuzz_inputs.DEMO_KINDS} | {
-        f"checkpoint:{k}" for k in fuzz_inputs.CKPT_KINDS}
+    every_kind = ({f"demo:{k}" for k in fuzz_inputs.DEMO_KINDS}
+                  | {f"checkpoint:{k}" for k in fuzz_inputs.CKPT_KINDS}
+                  | {f"gameboy:{k}" for k in fuzz_inputs.GB_KINDS})
     assert set(report.by_kind) == every_kind
     assert report.failures == [], fuzz_inputs.format_report(report)
 
