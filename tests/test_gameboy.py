@@ -787,9 +787,9 @@ def test_a_spec_whose_rom_is_not_here_says_to_pass_it(tmp_path):
         make_env(spec)
     text = one_line(caught.value)
     assert "not on this machine" in text and "--rom PATH" in text and elsewhere[:12] in text
-    # Two ROMs titled OAKCATCH (the built-in one and the copy) and no digest: which one?
-    with pytest.raises(roms.RomError, match="several ROMs titled 'OAKCATCH'"):
-        EnvSpec(game="catch")
+    # Two ROMs titled OAKCATCH (the built-in one and the copy) and no digest: the game the
+    # project builds runs on the ROM it builds.
+    assert EnvSpec(game="catch").rom_sha256 in roms.builtin_roms()
 
 
 # -- 8. the spec ------------------------------------------------------------------------------
@@ -834,3 +834,11 @@ def test_configs_are_equal_by_value_not_by_source():
     first, second = gameconfig.parse(copy.deepcopy(data)), gameconfig.parse(data)
     assert first == second and first.to_json() == second.to_json()
     assert gameconfig.from_json(first.to_json()) == first
+
+
+def test_a_start_state_outside_state_mode_is_refused(tmp_path):
+    text = CATCH_TOML.read_text().replace('mode = "boot"', 'mode = "boot"\nstate = "x.state"')
+    path = tmp_path / "catch.toml"
+    path.write_text(text)
+    with pytest.raises(GameConfigError, match=r"start\.state: applies only when start\.mode"):
+        gameconfig.load(path)

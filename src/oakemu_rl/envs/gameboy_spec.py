@@ -30,6 +30,8 @@ def _rom(spec: Any, config: gameconfig.GameConfig) -> tuple[str, str]:
     titles = roms.stored_titles()
     if not digest:
         matches = sorted(d for d, title in titles.items() if title == config.title)
+        built = [d for d in matches if d in roms.builtin_roms()]
+        matches = built or matches  # a game the project builds runs on the ROM it builds
         if not matches:
             raise roms.RomError(
                 f"{config.name} needs its ROM (header title {config.title!r}), which is not on "

@@ -289,6 +289,11 @@ def _start(table: dict[str, Any], base: Path | None) -> dict[str, Any]:
     out["buttons"] = clean
     if mode == "state":
         out["state_sha256"] = _state_digest(table, base)
+    else:
+        for key in ("state", "state_sha256"):
+            if key in table:
+                raise _fail(f"start.{key}", f"applies only when start.mode is 'state', "
+                                            f"not {mode!r}")
     return out
 
 

@@ -7,8 +7,9 @@ start from a checkpoint find it by its digest. The project's own CATCH cartridge
 from its source whenever it is needed and never needs the store.
 
 Save states are kept the same way. A state the project writes starts with a line naming
-the ROM it was taken on, so loading it on another ROM is refused; a bare emulator state
-file is checked when it is first added and tied to the ROM it is used with.
+the ROM it was taken on, so loading it on another ROM is refused. A bare emulator state
+names no ROM and the emulator's format holds nothing to tell one game from another: it is
+refused only when it does not load or leaves bytes over.
 """
 
 from __future__ import annotations
