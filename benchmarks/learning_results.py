@@ -172,10 +172,15 @@ def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> t
             + f" | {', '.join('-' if s is None else f'{s // 1000}k' for s in level)}"
             f" | {len(reached)}/{len(runs)}"
             + (f" (median {int(np.median(reached)):,})" if reached else "")
-            + f" | {np.mean(final):+.1f} ({', '.join(f'{f:+.1f}' for f in final)}) |")
+            + f" | {np.mean(final):+.1f} ("
+            + ", ".join(f"{r['final']['mean']:+.1f} ± {r['final'].get('sem', np.nan):.1f}"
+                        for r in runs)
+            + f"; {runs[0]['final'].get('episodes', '?')} games each) |")
     text = "\n".join([
-        f"PPO budget {steps:,} agent steps; BC {bc:+.1f}, scripted demonstrator {demo:+.1f}, "
-        f"random {rand:+.1f} (greedy, {reference['bc']['episodes']} episodes each): BC at "
+        f"PPO budget {steps:,} agent steps; BC {_with_se(reference['bc'])}, scripted "
+        f"demonstrator {_with_se(reference['demonstrator'])}, random "
+        f"{_with_se(reference['random'])} (greedy, {reference['bc']['episodes']} games "
+        "each): BC at "
         f"{100 * (bc - rand) / (demo - rand):.0f}% of the random-to-demonstrator scale.",
         "",
         "| arm | seeds | lowest greedy score in the first 20% (per seed) "
@@ -186,6 +191,12 @@ def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> t
         *rows,
     ])
     return text, table
+
+
+def _with_se(result: dict) -> str:
+    """`mean ± SE` of an EvalResult dict (results written before SEs say so)."""
+    sem = result.get("sem")
+    return f"{result['mean']:+.1f}" + (f" ± {sem:.1f}" if sem is not None else " (no SE)")
 
 
 def _early_drop(run: dict, early: dict, steps: int) -> float:
@@ -239,7 +250,8 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--eval-every", type=int, default=8, help="updates between evaluations")
-    parser.add_argument("--eval-episodes", type=int, default=1)
+    parser.add_argument("--eval-episodes", type=int, default=10,
+                        help="games per greedy evaluation (the pipeline's selection games)")
     parser.add_argument("--final-episodes", type=int, default=3)
     parser.add_argument("--goal", type=float, default=15.0)
     parser.add_argument("--jobs", type=int, default=2)
