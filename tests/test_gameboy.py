@@ -842,3 +842,26 @@ def test_a_start_state_outside_state_mode_is_refused(tmp_path):
     path.write_text(text)
     with pytest.raises(GameConfigError, match=r"start\.state: applies only when start\.mode"):
         gameconfig.load(path)
+
+
+def test_appending_with_a_rom_of_another_sha256_is_refused(tmp_path):
+    from oakemu_rl.agents.recording import RecordConfig, record
+    from oakemu_rl.errors import OakEmuError
+
+    out = tmp_path / "demos.h5"
+    spec = EnvSpec(game="catch")
+    record(RecordConfig(out=out, spec=spec, episodes=1, max_steps=20, progress=False),
+           CatchDemonstrator(spec))
+    variant = bytearray(build_rom())
+    variant[0x7FF0] ^= 0xFF  # same title and header, other bytes
+    (tmp_path / "variant.gb").write_bytes(bytes(variant))
+    digest, _ = roms.add_rom(tmp_path / "variant.gb")
+    other = EnvSpec(game="catch", rom_sha256=digest)
+    with pytest.raises(OakEmuError) as caught:
+        record(RecordConfig(out=out, spec=other, episodes=1, max_steps=20, progress=False),
+               CatchDemonstrator(other))
+    assert "rom_sha256" in one_line(caught.value)
+    from oakemu_rl.demos import validate_demo_file
+
+    with validate_demo_file(out) as demo:  # the first episode is untouched
+        assert len(demo.episodes) == 1
