@@ -18,8 +18,7 @@ PRESET = Path(__file__).resolve().parents[1] / "pipelines" / "gb-quick.toml"
 
 
 def oakemu(*args: str):
-    result = CliRunner().invoke(cli, list(args))
-    return result
+    return CliRunner().invoke(cli, list(args))
 
 
 @pytest.fixture(scope="module")

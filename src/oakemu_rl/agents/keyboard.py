@@ -159,6 +159,16 @@ def gameboy_action(held: frozenset[str], spec: EnvSpec) -> int:
     return choice
 
 
+def _gameboy_table(spec: EnvSpec) -> dict[frozenset[str], int]:
+    """Every set of held Game Boy buttons -> action index for the spec (as `_key_table` is
+    for Atari: worked out once, looked up every step)."""
+    from ..envs.gameconfig import BUTTONS
+
+    held_sets = (frozenset(b for b, on in zip(BUTTONS, held, strict=True) if on)
+                 for held in product((False, True), repeat=len(BUTTONS)))
+    return {held: gameboy_action(held, spec) for held in held_sets}
+
+
 def _gameboy_key_map(spec: EnvSpec) -> str:
     meanings = action_meanings(spec)
     lines = textwrap.wrap(f"Game Boy controls for {spec.game} (actions: {', '.join(meanings)})",
@@ -315,6 +325,7 @@ class KeyboardAgent:
         self.meanings = action_meanings(spec)
         self.gameboy = spec.backend == "pyboy"
         self._table = {} if self.gameboy else _key_table(spec)
+        self._buttons = _gameboy_table(spec) if self.gameboy else {}
         self.height, self.width = (GAMEBOY_HEIGHT, GAMEBOY_WIDTH) if self.gameboy else \
             (SCREEN_HEIGHT, SCREEN_WIDTH)
         self.speed_index = SPEEDS.index(1.0)
@@ -371,8 +382,7 @@ class KeyboardAgent:
         if self.gameboy:
             keys = {"UP": pg.K_UP, "DOWN": pg.K_DOWN, "LEFT": pg.K_LEFT, "RIGHT": pg.K_RIGHT,
                     "A": pg.K_x, "B": pg.K_z, "START": pg.K_RETURN, "SELECT": pg.K_RSHIFT}
-            held = frozenset(b for b, key in keys.items() if key in self.held)
-            return gameboy_action(held, self.spec)
+            return self._buttons[frozenset(b for b, key in keys.items() if key in self.held)]
         arrows = frozenset(
             d for d, key in zip(_DIRECTIONS, (pg.K_UP, pg.K_DOWN, pg.K_LEFT, pg.K_RIGHT),
                                 strict=True)

@@ -14,14 +14,12 @@ from .spec import EnvSpec
 def action_meanings(spec: EnvSpec | str, full_action_space: bool = False) -> tuple[str, ...]:
     """The meanings of a game's actions in action-index order: of a spec (any backend), or
     of an Atari game named by its ROM id."""
-    if not isinstance(spec, EnvSpec):
-        from .ale import ale_action_meanings
+    from .ale import ale_action_meanings
 
+    if not isinstance(spec, EnvSpec):
         return ale_action_meanings(spec, full_action_space)
     if spec.backend == "pyboy":
         return spec.gameboy_config.meanings
-    from .ale import ale_action_meanings
-
     return ale_action_meanings(spec.game, spec.full_action_space)
 
 

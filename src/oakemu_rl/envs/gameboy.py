@@ -7,7 +7,7 @@ the last frame is rendered. Observations are grayscale, cropped, resized to
 Rewards and episode ends are read from RAM as the game config says.
 
 PyBoy is single-threaded, so training steps several emulators in worker processes
-(`make_gameboy_vector_env`); `benchmarks/gameboy_speed.py` measures what that costs
+(`GameBoyVectorEnv`, over `gameboy_pool`); `benchmarks/gameboy_speed.py` measures what that costs
 against one bare emulator.
 """
 
@@ -149,7 +149,6 @@ class GameBoyEnv(gym.Env):
               ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         _load_state(self.emulator, self._start_state(), self.spec_)
-        self._frames = 0
         noops = int(self.np_random.integers(0, self.spec_.noop_max + 1))
         for _ in range(noops):
             self._press(0, self.config.press_frames, self.config.frames_per_action)

@@ -24,29 +24,32 @@ def _config(spec: Any) -> gameconfig.GameConfig:
     return gameconfig.load(gameconfig.shipped_games()[name])
 
 
+def _rom_by_title(config: gameconfig.GameConfig) -> str:
+    """The sha256 of the one ROM here whose header title is the config's."""
+    matches = sorted(d for d, title in roms.stored_titles().items() if title == config.title)
+    built = [d for d in matches if d in roms.builtin_roms()]
+    matches = built or matches  # a game the project builds runs on the ROM it builds
+    if not matches:
+        raise roms.RomError(
+            f"{config.name} needs its ROM (header title {config.title!r}), which is not on "
+            "this machine: pass it once with --rom PATH (ROMs are never downloaded)")
+    if len(matches) > 1:
+        raise roms.RomError(f"several ROMs titled {config.title!r} are in {roms.store_dir()}; "
+                            "pass the one to use with --rom PATH")
+    return matches[0]
+
+
 def _rom(spec: Any, config: gameconfig.GameConfig) -> tuple[str, str]:
-    """(sha256, title) of the ROM the spec runs on."""
-    digest = (spec.rom_sha256 or config.sha256).lower()
-    titles = roms.stored_titles()
-    if not digest:
-        matches = sorted(d for d, title in titles.items() if title == config.title)
-        built = [d for d in matches if d in roms.builtin_roms()]
-        matches = built or matches  # a game the project builds runs on the ROM it builds
-        if not matches:
-            raise roms.RomError(
-                f"{config.name} needs its ROM (header title {config.title!r}), which is not on "
-                "this machine: pass it once with --rom PATH (ROMs are never downloaded)")
-        if len(matches) > 1:
-            raise roms.RomError(f"several ROMs titled {config.title!r} are in {roms.store_dir()}; "
-                                "pass the one to use with --rom PATH")
-        digest = matches[0]
-    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+    """(sha256, title) of the ROM the spec runs on. A spec that names its ROM reads that
+    one ROM's title (once per process), not the whole store: specs are rebuilt often."""
+    digest = (spec.rom_sha256 or config.sha256).lower() or _rom_by_title(config)
+    if not roms.is_sha256(digest):
         raise EnvError(f"env spec rom_sha256 must be 64 hexadecimal digits, got {digest!r}")
-    title = titles.get(digest, spec.rom_title or config.title)
-    if digest in titles and title != config.title:
+    title = roms.title_of(digest)
+    if title is not None and title != config.title:
         raise roms.RomError(f"the ROM {digest[:12]}… is titled {title!r}, and the {config.name} "
                             f"config is for {config.title!r}; pass that game's ROM")
-    return digest, title
+    return digest, title or spec.rom_title or config.title
 
 
 def resolve(spec: Any) -> dict[str, Any]:

@@ -304,7 +304,7 @@ def _state_digest(table: dict[str, Any], base: Path | None) -> str:
 
     if "state_sha256" in table:
         digest = _str("start.state_sha256", table["state_sha256"]).lower()
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        if not roms.is_sha256(digest):
             raise _fail("start.state_sha256", "must be 64 hexadecimal digits")
         return digest
     if "state" not in table:
@@ -398,7 +398,10 @@ def load(path: str | Path) -> GameConfig:
         raise GameConfigError(f"{path}: {error}") from None
 
 
+@functools.lru_cache(maxsize=64)
 def from_json(text: str) -> GameConfig:
+    """The config stored in an env spec (parsed once per text: env specs ask for it on
+    every action-set and mask lookup, and a GameConfig is immutable)."""
     try:
         data = json.loads(text)
     except ValueError as error:

@@ -48,7 +48,13 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def header_checksum(rom: bytes) -> int:
+def is_sha256(text: str) -> bool:
+    """Whether `text` is a lowercase hexadecimal sha256 digest."""
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def header_checksum(rom: bytes | bytearray) -> int:
+    """The byte at $014D: over $0134..$014C (title to version), x = x - byte - 1 (mod 256)."""
     value = 0
     for byte in rom[TITLE_AT:HEADER_CHECKSUM_AT]:
         value = (value - byte - 1) & 0xFF
@@ -127,6 +133,22 @@ def find_rom(digest: str) -> bytes | None:
     except OSError:
         return None
     return data if sha256(data) == digest else None
+
+
+_TITLES: dict[str, str] = {}  # sha256 -> header title: a digest's content never changes
+
+
+def title_of(digest: str) -> str | None:
+    """The header title of the ROM with this sha256, or None when it is not here."""
+    if digest not in _TITLES:
+        data = find_rom(digest)
+        if data is None:
+            return None
+        try:
+            _TITLES[digest] = check_rom(data, digest)
+        except RomError:
+            return None
+    return _TITLES[digest]
 
 
 def stored_titles() -> dict[str, str]:

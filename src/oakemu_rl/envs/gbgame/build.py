@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ...fsutil import atomic_write
+from ..roms import header_checksum
 from .asm import Assembly, assemble
 
 __all__ = [
@@ -32,9 +33,8 @@ SOURCE = Path(__file__).with_name("catch.asm")
 ROM_SIZE = 0x8000  # 32 KiB, cartridge type 0 (no banking)
 TITLE = b"OAKCATCH"
 
-# Header layout (addresses in the cartridge image).
-HEADER_CHECKSUM_FIRST = 0x0134  # title
-HEADER_CHECKSUM_LAST = 0x014C  # version byte
+# Header layout (addresses in the cartridge image); `header_checksum` sums $0134..$014C
+# into the byte at HEADER_CHECKSUM_AT, the check every ROM passes (envs/roms.py).
 HEADER_CHECKSUM_AT = 0x014D
 GLOBAL_CHECKSUM_AT = 0x014E  # two bytes, high byte first
 
@@ -74,14 +74,6 @@ def _assembly() -> Assembly:
 def symbols() -> dict[str, int]:
     """Every label and constant in catch.asm with its value (a copy)."""
     return dict(_assembly().symbols)
-
-
-def header_checksum(rom: bytes | bytearray) -> int:
-    """The byte at $014D: over $0134..$014C, x = x - byte - 1 (mod 256)."""
-    value = 0
-    for byte in rom[HEADER_CHECKSUM_FIRST : HEADER_CHECKSUM_LAST + 1]:
-        value = (value - byte - 1) & 0xFF
-    return value
 
 
 def global_checksum(rom: bytes | bytearray) -> int:
