@@ -10,6 +10,11 @@ training and test stage do not use) with every stage's checkpoint, the scripted
 demonstrator and a uniform random policy, `--jobs` evaluations at a time. Prints each
 player's mean ± standard error over its games, and the verdicts the benchmark exists
 for: the agent beats random clearly, and reaches the demonstrator's score.
+
+Every player plays the same seeds, so the agent and the demonstrator are also compared
+game by game: the mean of their per-game differences and its standard error. Near the
+game's ceiling most games end level, and the paired figure separates the two where the
+difference of two independent means cannot.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def main() -> None:
     parser.add_argument("--pipeline", type=Path, default=ROOT / "pipelines" / "catch.toml")
     parser.add_argument("--run-dir", type=Path, default=ROOT / "data" / "runs" / "catch-bench")
     parser.add_argument("--skip-run", action="store_true", help="score an existing run")
-    parser.add_argument("--episodes", type=int, default=30)
+    parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--test-seed", type=int, default=500_000)
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
@@ -79,8 +84,13 @@ def main() -> None:
     (a, a_se), (r, r_se), (d, d_se) = stats[agent], stats["random"], stats["demonstrator"]
     gap = (a - r) / math.sqrt(a_se**2 + r_se**2) if a_se + r_se > 0 else math.inf
     print(f"\n{agent} - random: {a - r:+.2f} ({gap:.1f} standard errors)")
-    print(f"{agent} - demonstrator: {a - d:+.2f} ± {math.hypot(a_se, d_se):.2f}; "
-          f"reaches the demonstrator: {'yes' if a >= d else 'no'}")
+    paired_mean, paired_se = mean_se([x - y for x, y in zip(
+        results[agent]["scores"], results["demonstrator"]["scores"], strict=True)])
+    level = sum(x == y for x, y in zip(results[agent]["scores"],
+                                        results["demonstrator"]["scores"], strict=True))
+    print(f"{agent} - demonstrator: {a - d:+.2f} ± {math.hypot(a_se, d_se):.2f} (means); "
+          f"game by game {paired_mean:+.2f} ± {paired_se:.2f}, level in {level} of "
+          f"{args.episodes} games; reaches the demonstrator: {'yes' if a >= d else 'no'}")
 
 
 if __name__ == "__main__":
