@@ -248,9 +248,21 @@ PRESETS = sorted((Path(__file__).resolve().parents[1] / "pipelines").glob("*.tom
 def test_shipped_presets_load(preset: Path) -> None:
     pipeline = load_pipeline(preset)
     assert pipeline.name == preset.stem
-    if preset.name in ("pong.toml", "breakout.toml"):  # practised-person demonstrations
+    if preset.name in ("pong.toml", "pong-long.toml", "breakout.toml"):  # practised players
         assert pipeline.demos.style == "human"
 
 
 def test_the_presets_are_there() -> None:
-    assert {p.name for p in PRESETS} >= {"pong.toml", "pong-quick.toml", "breakout.toml"}
+    assert {p.name for p in PRESETS} >= {"pong.toml", "pong-long.toml", "pong-quick.toml",
+                                         "breakout.toml"}
+
+
+def test_the_long_preset_shares_the_main_jobs_stages_before_ppo() -> None:
+    """Run in the main job's directory, pong-long.toml reuses its recording, clone and
+    calibration, which holds only while the settings of those stages are the same."""
+    folder = PRESETS[0].parent
+    main, long = load_pipeline(folder / "pong.toml"), load_pipeline(folder / "pong-long.toml")
+    for part in ("env", "demos", "bc", "calibrate"):
+        assert getattr(long, part) == getattr(main, part), part
+    assert long.ppo.total_steps > main.ppo.total_steps
+    assert long.evaluate.episodes >= 20
