@@ -14,7 +14,9 @@ for: the agent beats random clearly, and reaches the demonstrator's score.
 Every player plays the same seeds, so the agent and the demonstrator are also compared
 game by game: the mean of their per-game differences and its standard error. Near the
 game's ceiling most games end level, and the paired figure separates the two where the
-difference of two independent means cannot.
+difference of two independent means cannot. With `--misses` it then replays the agent's
+and the demonstrator's games and counts where their misses fell: on the ball already
+falling when control starts (after the no-op start), or on a later one.
 """
 
 from __future__ import annotations
@@ -41,6 +43,45 @@ def mean_se(scores: list[float]) -> tuple[float, float]:
     return float(values.mean()), se
 
 
+def count_misses(checkpoint: Path, seeds: range) -> dict[str, tuple[int, int, int]]:
+    """(games with a miss, misses of the ball in flight at the start, later misses) for the
+    agent at `checkpoint` and the scripted demonstrator, on `seeds`."""
+    from oakemu_rl.agents import load_policy_agent
+    from oakemu_rl.agents.scripted import make_demonstrator
+    from oakemu_rl.envs.backends import make_env
+    from oakemu_rl.envs.gbgame import RAM
+
+    agent, spec = load_policy_agent(checkpoint, device="cpu")
+    spec = spec.for_evaluation()
+    env = make_env(spec)
+    memory = env.unwrapped.memory
+    counts = {}
+    for name in ("agent", "demonstrator"):
+        games = first = later = 0
+        for seed in seeds:
+            player = agent if name == "agent" else make_demonstrator(spec, seed=seed)
+            observation, _ = env.reset(seed=seed)
+            player.reset(env, seed)
+            misses, height, respawned, missed = memory(RAM["misses"]), memory(RAM["object_y"]), \
+                False, False
+            while True:
+                observation, _, terminated, truncated, _ = env.step(player.act(env, observation))
+                if memory(RAM["misses"]) != misses:  # (a lost ball respawns in the same step)
+                    misses, missed = memory(RAM["misses"]), True
+                    if respawned:
+                        later += 1
+                    else:
+                        first += 1
+                respawned |= memory(RAM["object_y"]) < height
+                height = memory(RAM["object_y"])
+                if terminated or truncated:
+                    break
+            games += missed
+        counts[name] = (games, first, later)
+    env.close()
+    return counts
+
+
 def run_pipeline(pipeline: Path, run_dir: Path) -> float:
     start = time.perf_counter()
     command = [sys.executable, "-m", "oakemu_rl", "pipeline", "run", str(pipeline),
@@ -57,6 +98,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--test-seed", type=int, default=500_000)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--misses", action="store_true",
+                        help="also count where the agent's and the demonstrator's misses fell")
     args = parser.parse_args()
     if not args.skip_run:
         minutes = run_pipeline(args.pipeline, args.run_dir) / 60
@@ -91,6 +134,13 @@ def main() -> None:
     print(f"{agent} - demonstrator: {a - d:+.2f} ± {math.hypot(a_se, d_se):.2f} (means); "
           f"game by game {paired_mean:+.2f} ± {paired_se:.2f}, level in {level} of "
           f"{args.episodes} games; reaches the demonstrator: {'yes' if a >= d else 'no'}")
+
+    if args.misses:
+        seeds = range(args.test_seed, args.test_seed + args.episodes)
+        for name, (games, first, later) in count_misses(args.run_dir / f"{agent}.pt",
+                                                        seeds).items():
+            print(f"{name}: a miss in {games} of {len(seeds)} games; {first} of the ball "
+                  f"falling when control starts, {later} later")
 
 
 if __name__ == "__main__":
