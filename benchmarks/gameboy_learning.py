@@ -62,8 +62,8 @@ def count_misses(checkpoint: Path, seeds: range) -> dict[str, tuple[int, int, in
             player = agent if name == "agent" else make_demonstrator(spec, seed=seed)
             observation, _ = env.reset(seed=seed)
             player.reset(env, seed)
-            misses, height, respawned, missed = memory(RAM["misses"]), memory(RAM["object_y"]), \
-                False, False
+            misses, height = memory(RAM["misses"]), memory(RAM["object_y"])
+            respawned = missed = False
             while True:
                 observation, _, terminated, truncated, _ = env.step(player.act(env, observation))
                 if memory(RAM["misses"]) != misses:  # (a lost ball respawns in the same step)
