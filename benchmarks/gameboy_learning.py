@@ -127,10 +127,10 @@ def main() -> None:
     (a, a_se), (r, r_se), (d, d_se) = stats[agent], stats["random"], stats["demonstrator"]
     gap = (a - r) / math.sqrt(a_se**2 + r_se**2) if a_se + r_se > 0 else math.inf
     print(f"\n{agent} - random: {a - r:+.2f} ({gap:.1f} standard errors)")
-    paired_mean, paired_se = mean_se([x - y for x, y in zip(
-        results[agent]["scores"], results["demonstrator"]["scores"], strict=True)])
-    level = sum(x == y for x, y in zip(results[agent]["scores"],
-                                        results["demonstrator"]["scores"], strict=True))
+    differences = [x - y for x, y in zip(results[agent]["scores"],
+                                         results["demonstrator"]["scores"], strict=True)]
+    paired_mean, paired_se = mean_se(differences)
+    level = differences.count(0)
     print(f"{agent} - demonstrator: {a - d:+.2f} ± {math.hypot(a_se, d_se):.2f} (means); "
           f"game by game {paired_mean:+.2f} ± {paired_se:.2f}, level in {level} of "
           f"{args.episodes} games; reaches the demonstrator: {'yes' if a >= d else 'no'}")

@@ -99,7 +99,7 @@ class _PaddleResponse:
     def for_stickiness(self, p: float) -> tuple[np.ndarray, np.ndarray]:
         """(mean, variance of one direction change) tables, each (phases, frames + 1) with
         a leading 0 for "no frame yet", for repeat_action_probability `p`."""
-        w = min(max(p / 0.25, 0.0), 1.0)
+        w = _clamp(p / 0.25, 0.0, 1.0)
         mean = (1 - w) * np.array(self.plain_mean) + w * np.array(self.sticky_mean)
         std = (1 - w) * np.array(self.plain_std) + w * np.array(self.sticky_std)
         # A press changes direction twice (on and off); each change shifts the rest of
@@ -492,7 +492,7 @@ class PongFollower(PongDemonstrator):
         d = float(ram[51])
         bx, by = float(ram[49]), float(ram[54])
         in_play = by != 0 and 0 < bx < 205
-        target = min(max(by, self.Y_TOP), self.Y_BOTTOM) - self.OFFSET if in_play \
+        target = _clamp(by, self.Y_TOP, self.Y_BOTTOM) - self.OFFSET if in_play \
             else self.REST_Y
         error = target - d
         if abs(error) <= self.DEADBAND:
