@@ -241,6 +241,48 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "does not exist" in result.output
 
 
+def test_a_file_changes_its_base_key_by_key(tmp_path: Path) -> None:
+    base = write(tmp_path, TINY)
+    child = write(tmp_path, 'base = "tiny.toml"\n[ppo]\ntotal_steps = 128\n'
+                  '[bc]\nepochs = 3\n', "child.toml")
+    parent, pipeline = load_pipeline(base), load_pipeline(child)
+    assert pipeline.name == "child"  # its own file name, not the base's name
+    assert pipeline.ppo.total_steps == 128 and parent.ppo.total_steps == 64
+    assert pipeline.bc.epochs == 3 and pipeline.bc.architecture == "tiny"  # kept from base
+    assert pipeline.ppo.num_steps == parent.ppo.num_steps
+    for part in ("env", "demos", "calibrate", "evaluate"):
+        assert getattr(pipeline, part) == getattr(parent, part), part
+    grandchild = write(tmp_path, 'base = "child.toml"\nname = "g"\n[bc]\nbatch_size = 16\n',
+                       "grandchild.toml")
+    deep = load_pipeline(grandchild)
+    assert (deep.name, deep.bc.batch_size, deep.bc.epochs, deep.ppo.total_steps) == \
+        ("g", 16, 3, 128)
+
+
+def test_a_base_files_paths_are_its_own(tmp_path: Path) -> None:
+    """[env] paths in a base file are read next to the base file, not the file using it."""
+    (tmp_path / "presets").mkdir()
+    write(tmp_path / "presets", 'name = "gb"\n[env]\ngame_config = "mine.toml"\n', "gb.toml")
+    child = write(tmp_path, 'base = "presets/gb.toml"\n')
+    with pytest.raises(ConfigError, match=re.escape(str(tmp_path / "presets" / "mine.toml"))):
+        load_pipeline(child)
+
+
+@pytest.mark.parametrize("text, says", [
+    ('base = "tiny.toml"\n', "pipeline base files form a loop"),
+    ('base = "other.toml"\n', "base other.toml: pipeline file"),
+    ("base = 3\n", "base must be the path of another pipeline file, not 3"),
+])
+def test_a_bad_base_is_refused_in_one_line(tmp_path: Path, text: str, says: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_pipeline(path)
+    result = run(str(path), "--run-dir", str(tmp_path / "run"))
+    assert result.exit_code != 0
+    assert len(result.output.strip().splitlines()) == 1 and says in result.output
+    assert not (tmp_path / "run").exists()
+
+
 PRESETS = sorted((Path(__file__).resolve().parents[1] / "pipelines").glob("*.toml"))
 
 
@@ -264,5 +306,6 @@ def test_the_long_preset_shares_the_main_jobs_stages_before_ppo() -> None:
     main, long = load_pipeline(folder / "pong.toml"), load_pipeline(folder / "pong-long.toml")
     for part in ("env", "demos", "bc", "calibrate"):
         assert getattr(long, part) == getattr(main, part), part
+    assert long.ppo.threads == main.ppo.threads  # the rest of [ppo] comes from the base
     assert long.ppo.total_steps > main.ppo.total_steps
     assert long.evaluate.episodes >= 20

@@ -125,11 +125,49 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"pipeline file {path} is not valid TOML: {error}") from None
 
 
+def _read_layers(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A pipeline file's tables over those of its `base` file (and that file's base, ...):
+    a table this file gives replaces the base's keys one by one, so a preset that differs in
+    one stage names only that stage's changes. Paths in [env] are made absolute first, as
+    each file means them relative to itself."""
+    if path.resolve() in chain:
+        loop = " -> ".join(str(p) for p in (*chain, path.resolve()))
+        raise ConfigError(f"pipeline base files form a loop: {loop}")
+    data = _read_toml(path)
+    env = data.get("env")
+    if isinstance(env, dict):
+        data["env"] = env = dict(env)
+        for key in ("rom", "game_config"):
+            value = env.get(key)
+            if isinstance(value, str) and value.strip() and not value.strip().startswith("{"):
+                file = Path(value).expanduser()
+                env[key] = str(file if file.is_absolute() else path.parent / file)
+    if "base" not in data:
+        return data
+    base = data.pop("base")
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: base must be the path of another pipeline file, "
+                          f"not {base!r}")
+    base_path = Path(base).expanduser()
+    base_path = base_path if base_path.is_absolute() else path.parent / base_path
+    try:
+        merged = _read_layers(base_path, (*chain, path.resolve()))
+    except ConfigError as error:
+        raise ConfigError(f"{path}: base {base}: {error}") from None
+    merged.pop("name", None)  # a file's name is its own (default: its file name)
+    for key, value in data.items():
+        below = merged.get(key)
+        merged[key] = {**below, **value} if isinstance(value, dict) and \
+            isinstance(below, dict) else value
+    return merged
+
+
 def load_pipeline(path: str | Path) -> Pipeline:
     """Read and check a pipeline file: every section is built by its config class, so a bad
-    value fails here, before any work starts, in one line naming the key."""
+    value fails here, before any work starts, in one line naming the key. A file may name a
+    `base` file whose tables it changes key by key."""
     path = Path(path)
-    data = _read_toml(path)
+    data = _read_layers(path)
     known = {"name", "device", *SECTIONS}
     unknown = sorted(set(data) - known)
     if unknown:
