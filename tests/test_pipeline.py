@@ -63,6 +63,18 @@ def run(*args: str):
     return CliRunner().invoke(cli, ["pipeline", "run", *args, "--no-progress"])
 
 
+def refused_in_one_line(path: Path, message: str) -> None:
+    """Loading `path` fails with `message`, and running it says so in one line and creates
+    no run directory."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_pipeline(path)
+    run_dir = path.parent / "run"
+    result = run(str(path), "--run-dir", str(run_dir))
+    assert result.exit_code != 0
+    assert len(result.output.strip().splitlines()) == 1 and message in result.output
+    assert not run_dir.exists()
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> tuple[Path, Path, str]:
     tmp_path = tmp_path_factory.mktemp("pipeline")
@@ -216,13 +228,7 @@ def test_relabelling_rounds_in_the_bc_stage(finished, tmp_path: Path) -> None:
     ],
 )
 def test_config_errors_name_the_key(tmp_path: Path, edit, message) -> None:
-    path = write(tmp_path, TINY.replace(*edit, 1))
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        load_pipeline(path)
-    result = run(str(path), "--run-dir", str(tmp_path / "run"))
-    assert result.exit_code != 0
-    assert len(result.output.strip().splitlines()) == 1 and message in result.output
-    assert not (tmp_path / "run").exists()
+    refused_in_one_line(write(tmp_path, TINY.replace(*edit, 1)), message)
 
 
 def test_the_final_test_plays_ten_games_apart_from_training_and_selection(
@@ -274,13 +280,7 @@ def test_a_base_files_paths_are_its_own(tmp_path: Path) -> None:
     ("base = 3\n", "base must be the path of another pipeline file, not 3"),
 ])
 def test_a_bad_base_is_refused_in_one_line(tmp_path: Path, text: str, says: str) -> None:
-    path = write(tmp_path, text)
-    with pytest.raises(ConfigError, match=re.escape(says)):
-        load_pipeline(path)
-    result = run(str(path), "--run-dir", str(tmp_path / "run"))
-    assert result.exit_code != 0
-    assert len(result.output.strip().splitlines()) == 1 and says in result.output
-    assert not (tmp_path / "run").exists()
+    refused_in_one_line(write(tmp_path, text), says)
 
 
 PRESETS = sorted((Path(__file__).resolve().parents[1] / "pipelines").glob("*.toml"))
