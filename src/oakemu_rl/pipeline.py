@@ -173,7 +173,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
     if unknown:
         raise ConfigError(f"{path}: unknown key {unknown[0]} (known: {', '.join(sorted(known))})")
     try:
-        data["env"] = _env_table(data.get("env", {}), path.parent)
+        data["env"] = _env_table(data.get("env", {}))
         sections = {name: from_table(cls, data.get(name, {}), name,
                                      MOVED_DEMOS_KEYS if name == "demos" else None)
                     for name, cls in SECTIONS.items()}
@@ -188,22 +188,15 @@ def load_pipeline(path: str | Path) -> Pipeline:
     return Pipeline(name=name, device=device, **sections)
 
 
-def _env_table(table: Any, base: Path) -> Any:
-    """[env] as EnvSpec takes it: a Game Boy `rom = "PATH"` is checked and kept in the ROM
-    store (the spec holds its sha256), and a `game_config` file is found next to the
-    pipeline file."""
-    if not isinstance(table, dict):
+def _env_table(table: Any) -> Any:
+    """[env] as EnvSpec takes it: a Game Boy `rom = "PATH"` (made absolute by
+    `_read_layers`) is checked and kept in the ROM store (the spec holds its sha256)."""
+    if not isinstance(table, dict) or "rom" not in table:
         return table
-    table = dict(table)
-    if "rom" in table:
-        from .envs.roms import add_rom
+    from .envs.roms import add_rom
 
-        rom = Path(coerce("env.rom", str, table.pop("rom"))).expanduser()
-        table["rom_sha256"], _title = add_rom(rom if rom.is_absolute() else base / rom)
-    config = table.get("game_config")
-    if isinstance(config, str) and config.strip() and not config.strip().startswith("{"):
-        file = Path(config).expanduser()
-        table["game_config"] = str(file if file.is_absolute() else base / file)
+    table = dict(table)
+    table["rom_sha256"], _title = add_rom(Path(coerce("env.rom", str, table.pop("rom"))))
     return table
 
 
