@@ -125,6 +125,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"pipeline file {path} is not valid TOML: {error}") from None
 
 
+def _beside(path: Path, value: str) -> Path:
+    """A path named in pipeline file `path`: absolute as given, else relative to that file."""
+    file = Path(value).expanduser()
+    return file if file.is_absolute() else path.parent / file
+
+
 def _read_layers(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A pipeline file's tables over those of its `base` file (and that file's base, ...):
     a table this file gives replaces the base's keys one by one, so a preset that differs in
@@ -140,16 +146,14 @@ def _read_layers(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
         for key in ("rom", "game_config"):
             value = env.get(key)
             if isinstance(value, str) and value.strip() and not value.strip().startswith("{"):
-                file = Path(value).expanduser()
-                env[key] = str(file if file.is_absolute() else path.parent / file)
+                env[key] = str(_beside(path, value))
     if "base" not in data:
         return data
     base = data.pop("base")
     if not isinstance(base, str) or not base.strip():
         raise ConfigError(f"{path}: base must be the path of another pipeline file, "
                           f"not {base!r}")
-    base_path = Path(base).expanduser()
-    base_path = base_path if base_path.is_absolute() else path.parent / base_path
+    base_path = _beside(path, base)
     try:
         merged = _read_layers(base_path, (*chain, path.resolve()))
     except ConfigError as error:
