@@ -24,6 +24,10 @@ the final score. Writes `results.md`, `results.json` and `learning_curves.png` u
 Each (arm, seed) run lives in its own directory under `--out`; a run whose `result.json`
 exists is not run again, so adding seeds later only runs the new ones. Runs go `--jobs`
 at a time, one torch thread each.
+
+`--early-only` pauses every run after the first 20% of its steps, with the schedules of
+the whole `--steps` (the ablation's collapse question needs no more), and skips the final
+games. Running again without it resumes those runs to the end.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ def run_arm(arm: str, seed: int, args: dict) -> dict:
 
     source = Path(args["source"])
     run_dir = Path(args["out"]) / f"{arm}-s{seed}"
+    early_only = args["early_only"]
     settings = (GUARDS_OFF if arm != "full" else {}) | {
         "total_steps": args["steps"], "eval_every": args["eval_every"],
         "eval_episodes": args["eval_episodes"], "seed": seed, "threads": 1,
@@ -85,20 +90,40 @@ def run_arm(arm: str, seed: int, args: dict) -> dict:
     config = dataclasses.replace(load_pipeline(args["pipeline"]).ppo, **settings)
     checkpoint = source / ("calibrated.pt" if arm == "full" else "bc.pt")
     start = time.perf_counter()
+    earlier = _read_result(run_dir)
     path = finetune_ppo(config, run_dir=run_dir, checkpoint=checkpoint, device="cpu",
-                        progress=False)
-    wall = time.perf_counter() - start
+                        progress=False, resume=(run_dir / "ppo_last.pt").exists(),
+                        stop_after_steps=int(EARLY_SHARE * args["steps"]) if early_only
+                        else None)
+    wall = time.perf_counter() - start + (earlier or {}).get("wall_seconds", 0.0)
     curve = [(r["step"], r["eval/greedy_return"])
              for r in read_metrics(run_dir / "ppo_metrics.jsonl") if "eval/greedy_return" in r]
-    agent, spec = load_policy_agent(path, device="cpu")
-    final = evaluate(agent, spec, EvalConfig(episodes=args["final_episodes"], seed=1000),
-                     progress=False)
-    timings = load_checkpoint(path).extra.get("timings", {})
+    checkpoint_file = load_checkpoint(path)
+    final = None
+    if not early_only:
+        agent, spec = load_policy_agent(path, device="cpu")
+        final = evaluate(agent, spec, EvalConfig(episodes=args["final_episodes"], seed=1000),
+                         progress=False).to_dict()
     result = {"arm": arm, "seed": seed, "steps": args["steps"], "curve": curve,
-              "final": final.to_dict(), "wall_seconds": wall, "timings": timings,
+              "final": final, "early_only": early_only,
+              "steps_run": checkpoint_file.steps["ppo/global_step"]
+              if early_only else args["steps"],
+              "wall_seconds": wall, "timings": checkpoint_file.extra.get("timings", {}),
               "config": dataclasses.asdict(config)}
     (run_dir / "result.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def _read_result(run_dir: Path) -> dict | None:
+    path = run_dir / "result.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _done(run_dir: Path, early_only: bool) -> bool:
+    """Whether a run has what this invocation asks of it: a paused run is done for
+    --early-only and is resumed to the end otherwise."""
+    result = _read_result(run_dir)
+    return result is not None and (early_only or not result.get("early_only", False))
 
 
 def _reference_scores(args: argparse.Namespace) -> dict:
@@ -158,11 +183,11 @@ def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> t
             else None
         reach = [next((step for step, s in r["curve"] if s >= goal), None) for r in runs]
         level = [next((step for step, s in r["curve"] if s >= demo), None) for r in runs]
-        final = [r["final"]["mean"] for r in runs]
+        final = [r["final"]["mean"] if r.get("final") else None for r in runs]
         table[arm] = {"seeds": [r["seed"] for r in runs], "early_min": early,
                       "early_drop_vs_bc": drop,
                       "steps_to_goal": reach, "steps_to_demonstrator": level, "final": final,
-                      "sps": [steps / r["wall_seconds"] for r in runs]}
+                      "sps": [r.get("steps_run", steps) / r["wall_seconds"] for r in runs]}
         reached = [s for s in reach if s is not None]
         per_seed = ", ".join(f"{e:+.0f}" for e in early)
         rows.append(
@@ -172,10 +197,7 @@ def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> t
             + f" | {', '.join('-' if s is None else f'{s // 1000}k' for s in level)}"
             f" | {len(reached)}/{len(runs)}"
             + (f" (median {int(np.median(reached)):,})" if reached else "")
-            + f" | {np.mean(final):+.1f} ("
-            + ", ".join(f"{r['final']['mean']:+.1f} ± {r['final'].get('sem', np.nan):.1f}"
-                        for r in runs)
-            + f"; {runs[0]['final'].get('episodes', '?')} games each) |")
+            + f" | {_finals(runs)} |")
     text = "\n".join([
         f"PPO budget {steps:,} agent steps; BC {_with_se(reference['bc'])}, scripted "
         f"demonstrator {_with_se(reference['demonstrator'])}, random "
@@ -191,6 +213,18 @@ def _summary(results: list[dict], reference: dict, goal: float, steps: int) -> t
         *rows,
     ])
     return text, table
+
+
+def _finals(runs: list[dict]) -> str:
+    """The final-score cell: the mean over seeds and each seed's score, or where the runs
+    were paused (--early-only) when some have no final games."""
+    if any(not r.get("final") for r in runs):
+        paused = sorted({r.get("steps_run") or r["steps"] for r in runs if not r.get("final")})
+        return "- (paused at " + ", ".join(f"{s:,}" for s in paused) + " steps)"
+    return (f"{np.mean([r['final']['mean'] for r in runs]):+.1f} ("
+            + ", ".join(f"{r['final']['mean']:+.1f} ± {r['final'].get('sem', np.nan):.1f}"
+                        for r in runs)
+            + f"; {runs[0]['final'].get('episodes', '?')} games each)")
 
 
 def _with_se(result: dict) -> str:
@@ -256,6 +290,10 @@ def main() -> None:
     parser.add_argument("--goal", type=float, default=15.0)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="data/runs/bench-learning")
+    parser.add_argument("--early-only", action="store_true",
+                        help="pause each run after the first 20%% of --steps (the collapse "
+                             "window) and skip its final games; a later run without this "
+                             "flag resumes them")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -266,7 +304,7 @@ def main() -> None:
 
     reference = _reference_scores(args)
     todo = [(arm, seed) for seed in args.seeds for arm in args.arms
-            if not (out / f"{arm}-s{seed}" / "result.json").exists()]
+            if not _done(out / f"{arm}-s{seed}", args.early_only)]
     if todo:
         print(f"running {len(todo)} fine-tune(s), {args.jobs} at a time: "
               + ", ".join(f"{a}-s{s}" for a, s in todo), flush=True)
@@ -274,9 +312,12 @@ def main() -> None:
             futures = [pool.submit(run_arm, arm, seed, vars(args)) for arm, seed in todo]
             for future in futures:
                 result = future.result()
-                print(f"{result['arm']}-s{result['seed']}: final {result['final']['mean']:+.1f}, "
-                      f"{result['steps'] / result['wall_seconds']:.0f} SPS with evaluations",
-                      flush=True)
+                final = result["final"]
+                print(f"{result['arm']}-s{result['seed']}: "
+                      + (f"final {final['mean']:+.1f}" if final
+                         else f"paused at {result['steps_run']:,} steps")
+                      + f", {result['steps_run'] / result['wall_seconds']:.0f} SPS with "
+                      "evaluations", flush=True)
     results = [json.loads((out / f"{arm}-s{seed}" / "result.json").read_text())
                for seed in args.seeds for arm in args.arms
                if (out / f"{arm}-s{seed}" / "result.json").exists()]

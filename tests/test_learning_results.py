@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -52,3 +53,25 @@ def test_summary_reports_the_paired_drop_for_warm_starts_only() -> None:
     assert table["scratch"]["early_drop_vs_bc"] is None
     assert "| full | 1 | -15.0 (-15) | -1.0 (-1.0) |" in text
     assert "| scratch | 1 | -21.0 (-21) | - |" in text
+
+
+def test_paused_runs_report_where_they_paused_and_resume_for_a_whole_run(
+        tmp_path: Path) -> None:
+    reference = {"bc": {"mean": -12.0, "episodes": 3}, "demonstrator": {"mean": -8.0},
+                 "random": {"mean": -20.0}, "early": {"8": -15.0, "16": -12.0}}
+    paused = _run("full", [(8192, -15.0), (16384, -13.0)]) | {
+        "final": None, "early_only": True, "steps_run": 20_480}
+    text, table = learning_results._summary([paused], reference, goal=15.0, steps=100_000)
+    assert table["full"]["final"] == [None]
+    assert table["full"]["early_drop_vs_bc"] == [-1.0]
+    assert table["full"]["sps"] == [204.8]  # the steps it ran, not the whole budget
+    assert text.splitlines()[-1].endswith("| - (paused at 20,480 steps) |")
+
+    run_dir = tmp_path / "full-s0"
+    assert not learning_results._done(run_dir, early_only=True)
+    run_dir.mkdir()
+    (run_dir / "result.json").write_text(json.dumps(paused))
+    assert learning_results._done(run_dir, early_only=True)
+    assert not learning_results._done(run_dir, early_only=False)  # resumed to the end
+    (run_dir / "result.json").write_text(json.dumps(_run("full", [])))
+    assert learning_results._done(run_dir, early_only=False)

@@ -5,6 +5,7 @@ demos, NaN stop, CLI errors)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import re
@@ -660,6 +661,53 @@ def test_resume_continues_counters_and_schedules(
     for name, tensor in start.items():
         assert torch.equal(b_last.extra["reference"][name], tensor), name
     assert len(list((broken / "tb" / "ppo").glob("events.out.tfevents.*"))) == 2
+
+
+def test_a_paused_run_keeps_the_whole_runs_schedules_and_resumes(tmp_path: Path) -> None:
+    """--stop-after-steps pauses at the first update reaching the steps, writes ppo_last.pt
+    and no ppo.pt, keeps the whole run's schedules, and --resume finishes the run."""
+    config = tiny(4, kl_coef=0.2, kl_decay=0.5, lr=1e-3, checkpoint_every=10)
+    whole = tmp_path / "whole"
+    write_start(whole)
+    run_ppo(whole, config)
+
+    paused = tmp_path / "paused"
+    write_start(paused)
+    options = ["finetune", "ppo", "--run-dir", str(paused), "--no-progress", "--device", "cpu",
+               "--num-envs", "2", "--num-steps", "16", "--total-steps", "128",
+               "--num-minibatches", "2", "--update-epochs", "2", "--eval-episodes", "0",
+               "--kl-coef", "0.2", "--kl-decay", "0.5", "--lr", "1e-3",
+               "--checkpoint-every", "10"]
+    result = CliRunner().invoke(cli, [*options, "--stop-after-steps", "40"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"paused at update 2 (64 agent steps): wrote {paused / 'ppo_last.pt'}; the same "
+        "options with --resume go on")
+    assert not (paused / "ppo.pt").exists()
+    cut = load_checkpoint(paused / "ppo_last.pt")
+    assert cut.steps["ppo/updates"] == 2  # 40 steps end inside update 2 (32 steps each)
+    records = update_records(paused)
+    assert [r["charts/update"] for r in records] == [1, 2]
+    # the schedules are the 4-update run's, not a 2-update run's
+    assert records[1]["charts/learning_rate"] == pytest.approx(lr_at(config, 2))
+    assert lr_at(config, 2) > lr_at(dataclasses.replace(config, total_steps=64), 2)
+
+    # a pause the run is already past is refused in one line, and ppo_last.pt is kept
+    result = CliRunner().invoke(cli, [*options, "--resume", "--stop-after-steps", "32"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert result.output.strip().splitlines() == [
+        f"Error: {paused / 'ppo_last.pt'} is already at update 2 (64 agent steps), past the "
+        "pause at 32 steps"]
+    assert load_checkpoint(paused / "ppo_last.pt").steps == cut.steps
+
+    result = CliRunner().invoke(cli, [*options, "--resume"])
+    assert result.exit_code == 0, result.output
+    # (a resume starts fresh games, so the weights differ from the whole run's)
+    records, whole_records = update_records(paused), update_records(whole)
+    assert [r["charts/update"] for r in records] == [1, 2, 3, 4]
+    for key in ("charts/learning_rate", "guards/kl_coef"):
+        assert [r[key] for r in records] == pytest.approx([r[key] for r in whole_records])
+    assert load_checkpoint(paused / "ppo.pt").steps == load_checkpoint(whole / "ppo.pt").steps
 
 
 def test_resume_without_a_resumable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:

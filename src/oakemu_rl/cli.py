@@ -390,6 +390,10 @@ def finetune() -> None:
 @click.option("--bc-demos", multiple=True, type=click.Path(path_type=str),
               help="Demo files for the BC loss (default: the demos the starting policy was "
                    "cloned from, found in its lineage).")
+@click.option("--stop-after-steps", type=click.IntRange(min=1), default=None,
+              help="Pause at the first update that reaches this many agent steps: write "
+                   "ppo_last.pt and no ppo.pt. The schedules stay those of --total-steps; "
+                   "the same options with --resume go on.")
 @place_options(run_dir="Run directory holding calibrated.pt; ppo.pt is written there "
                        "(default: the last run).",
                checkpoint="Start from this checkpoint (any stage) instead of the run's "
@@ -402,16 +406,22 @@ def ppo(**options) -> None:
     and ppo_metrics.jsonl plus TensorBoard events in the run directory.
     """
     from .checkpoint import load_checkpoint
-    from .finetune.ppo import PPOConfig, finetune_ppo, selection_summary
+    from .finetune.ppo import LAST, PPOConfig, finetune_ppo, selection_summary
 
     config = config_from(PPOConfig, options)
     try:
         path = finetune_ppo(config, run_dir=options["run_dir"], checkpoint=options["checkpoint"],
                             resume=options["resume"], bc_demos=tuple(options["bc_demos"]),
-                            device=options["device"], progress=options["progress"])
+                            device=options["device"], progress=options["progress"],
+                            stop_after_steps=options["stop_after_steps"])
     except KeyboardInterrupt:
         raise OakEmuError("stopped; continue from the last checkpoint with the same options "
                           "and --resume") from None
+    if path.name == LAST:
+        steps = load_checkpoint(path).steps
+        _say(f"paused at update {steps['ppo/updates']} ({steps['ppo/global_step']:,} agent "
+             f"steps): wrote {path}; the same options with --resume go on")
+        return
     selection = load_checkpoint(path).extra.get("selection", {})
     _say(f"wrote {path}: {selection_summary(selection)}")
 

@@ -265,10 +265,15 @@ def _mean(values: list) -> float | None:
 def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
                  checkpoint: str | Path | None = None, resume: bool = False,
                  bc_demos: tuple[str, ...] = (), device: str = "auto",
-                 progress: bool = True) -> Path:
+                 progress: bool = True, stop_after_steps: int | None = None) -> Path:
     """Run PPO from `checkpoint` (default: the run directory's calibrated.pt) and return
     the path of ppo.pt. `resume` continues the run directory's ppo_last.pt; `bc_demos`
-    feed the BC loss (default: the demo files the starting policy was cloned from)."""
+    feed the BC loss (default: the demo files the starting policy was cloned from).
+
+    `stop_after_steps` pauses the run at the first update that reaches that many agent
+    steps: it writes ppo_last.pt there and returns its path, and writes no ppo.pt. The
+    schedules (learning rate, anchor and BC fades) stay those of `total_steps`, so a
+    paused run is the same run as a whole one up to that point, and `resume` goes on."""
     world, torch_device = distributed.init(resolve_device(device))
     with torch_threads(config.threads):
         if config.from_scratch:  # nothing to protect: plain PPO
@@ -282,6 +287,8 @@ def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
         trainer.inputs = [source]
         if resume:
             trainer.resume()
+        if stop_after_steps is not None:
+            trainer.pause_at(stop_after_steps)
         if config.bc_coef > 0:
             demos = bc_demos or tuple(lineage_inputs(start, "bc"))
             trainer.demo_batches = _demo_batches(config, start, demos, world)
@@ -295,6 +302,11 @@ def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
                     "the same command and --resume" if trainer.saved
                     else "no checkpoint was written by this run")
             raise distributed.lost_peer(world, error, kept) from None
+        if trainer.stop_update < trainer.num_updates:
+            distributed.barrier(world)
+            if world.is_main:
+                runs.remember_run(trainer.run_dir)
+            return trainer.last_path
         return trainer.finish()
 
 
@@ -354,6 +366,8 @@ class _Trainer:
         self.device, self.world = device, world
         self.progress = progress and world.is_main
         self.num_updates = config.updates(world.world_size)
+        self.stop_update = self.num_updates
+        """The last update this process runs (before num_updates when the run pauses)."""
         self.spec = EnvSpec.from_dict(start.env_spec)
         torch.manual_seed(config.seed)
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -388,6 +402,17 @@ class _Trainer:
     @property
     def last_path(self) -> Path:
         return self.run_dir / LAST
+
+    def pause_at(self, steps: int) -> None:
+        """End this process's run at the first update that reaches `steps` agent steps."""
+        if steps < 1:
+            raise ConfigError(f"the run can pause after 1 agent step or more, not {steps}")
+        batch = self.config.batch_size * self.world.world_size
+        self.stop_update = min(self.num_updates, -(-steps // batch))
+        if self.stop_update < self.first_update:
+            raise OakEmuError(
+                f"{self.last_path} is already at update {self.first_update - 1} "
+                f"({self.global_step:,} agent steps), past the pause at {steps:,} steps")
 
     def resume(self) -> None:
         """Continue from ppo_last.pt: weights, reference, optimizer, RNGs and counters."""
@@ -442,13 +467,13 @@ class _Trainer:
         try:
             with logger as log:
                 started = (time.perf_counter(), self.global_step)
-                for update in range(self.first_update, self.num_updates + 1):
+                for update in range(self.first_update, self.stop_update + 1):
                     record = self.update(update, started)
                     for step, score, length in self.finished_games():
                         log.log(step, {"charts/episodic_return": score,
                                        "charts/episodic_length": length})
                     log.log(self.steps_done(), record)
-                    if update % config.checkpoint_every == 0 or update == self.num_updates:
+                    if update % config.checkpoint_every == 0 or update == self.stop_update:
                         self.save(self.last_path, update, final=False)
                     _show(bar, record, _mean(list(self.collector.stats.returns)[-20:]))
         finally:
