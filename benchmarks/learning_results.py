@@ -22,7 +22,8 @@ the final score. Writes `results.md`, `results.json` and `learning_curves.png` u
 `--out`.
 
 Each (arm, seed) run lives in its own directory under `--out`; a run whose `result.json`
-exists is not run again, so adding seeds later only runs the new ones. Runs go `--jobs`
+exists is not run again, so adding seeds later only runs the new ones, and a run that was
+killed resumes from its last `ppo_last.pt` (written every 25 updates). Runs go `--jobs`
 at a time, one torch thread each.
 
 `--early-only` pauses every run after the first 20% of its steps, with the schedules of
@@ -86,7 +87,8 @@ def run_arm(arm: str, seed: int, args: dict) -> dict:
     settings = (GUARDS_OFF if arm != "full" else {}) | {
         "total_steps": args["steps"], "eval_every": args["eval_every"],
         "eval_episodes": args["eval_episodes"], "seed": seed, "threads": 1,
-        "checkpoint_every": 10 ** 6, "from_scratch": arm == "scratch"}
+        # ppo_last.pt every 25 updates: a run killed with its session resumes from there
+        "checkpoint_every": 25, "from_scratch": arm == "scratch"}
     config = dataclasses.replace(load_pipeline(args["pipeline"]).ppo, **settings)
     checkpoint = source / ("calibrated.pt" if arm == "full" else "bc.pt")
     start = time.perf_counter()
