@@ -26,6 +26,7 @@ import math
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +44,11 @@ def mean_se(scores: list[float]) -> tuple[float, float]:
     return float(values.mean()), se
 
 
-def count_misses(checkpoint: Path, seeds: range) -> dict[str, tuple[int, int, int]]:
-    """(games with a miss, misses of the ball in flight at the start, later misses) for the
-    agent at `checkpoint` and the scripted demonstrator, on `seeds`."""
+def count_misses(checkpoint: Path, seeds: range, trace: int = 0
+                 ) -> dict[str, tuple[int, int, int, list]]:
+    """(games with a miss, misses of the ball in flight at the start, later misses, and for
+    each later miss its seed, step and last `trace` steps as (step, action, basket x, ball
+    x, ball y)) for the agent at `checkpoint` and the scripted demonstrator, on `seeds`."""
     from oakemu_rl.agents import load_policy_agent
     from oakemu_rl.agents.scripted import make_demonstrator
     from oakemu_rl.envs.backends import make_env
@@ -58,18 +61,26 @@ def count_misses(checkpoint: Path, seeds: range) -> dict[str, tuple[int, int, in
     counts = {}
     for name in ("agent", "demonstrator"):
         games = first = later = 0
+        lost = []
         for seed in seeds:
             player = agent if name == "agent" else make_demonstrator(spec, seed=seed)
             observation, _ = env.reset(seed=seed)
             player.reset(env, seed)
             misses, height = memory(RAM["misses"]), memory(RAM["object_y"])
             respawned = missed = False
+            recent = deque(maxlen=trace)
+            step = 0
             while True:
-                observation, _, terminated, truncated, _ = env.step(player.act(env, observation))
+                action = player.act(env, observation)
+                observation, _, terminated, truncated, _ = env.step(action)
+                step += 1
+                recent.append((step, int(action), memory(RAM["player_x"]),
+                               memory(RAM["object_x"]), memory(RAM["object_y"])))
                 if memory(RAM["misses"]) != misses:  # (a lost ball respawns in the same step)
                     misses, missed = memory(RAM["misses"]), True
                     if respawned:
                         later += 1
+                        lost.append((seed, step, list(recent)))
                     else:
                         first += 1
                 respawned |= memory(RAM["object_y"]) < height
@@ -77,7 +88,7 @@ def count_misses(checkpoint: Path, seeds: range) -> dict[str, tuple[int, int, in
                 if terminated or truncated:
                     break
             games += missed
-        counts[name] = (games, first, later)
+        counts[name] = (games, first, later, lost)
     env.close()
     return counts
 
@@ -100,6 +111,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--misses", action="store_true",
                         help="also count where the agent's and the demonstrator's misses fell")
+    parser.add_argument("--trace", type=int, default=0, metavar="STEPS",
+                        help="with --misses: print the last STEPS steps before each miss of "
+                             "a ball in play (action, basket x, ball x, ball y)")
     args = parser.parse_args()
     if not args.skip_run:
         minutes = run_pipeline(args.pipeline, args.run_dir) / 60
@@ -137,10 +151,17 @@ def main() -> None:
 
     if args.misses:
         seeds = range(args.test_seed, args.test_seed + args.episodes)
-        for name, (games, first, later) in count_misses(args.run_dir / f"{agent}.pt",
-                                                        seeds).items():
+        counts = count_misses(args.run_dir / f"{agent}.pt", seeds, args.trace)
+        for name, (games, first, later, lost) in counts.items():
             print(f"{name}: a miss in {games} of {len(seeds)} games; {first} of the ball "
-                  f"falling when control starts, {later} later")
+                  f"falling when control starts, {later} later"
+                  + (" (seed, step: " + ", ".join(f"{seed}, {step}" for seed, step, _ in lost)
+                     + ")" if lost else ""))
+            for seed, step, steps in lost if args.trace else ():
+                print(f"  seed {seed}, the {len(steps)} steps to the miss at step {step} "
+                      "(step, action, basket x, ball x, ball y):")
+                for row in steps:
+                    print("   ", *row)
 
 
 if __name__ == "__main__":
