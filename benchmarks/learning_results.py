@@ -320,9 +320,8 @@ def main() -> None:
                          else f"paused at {result['steps_run']:,} steps")
                       + f", {result['steps_run'] / result['wall_seconds']:.0f} SPS with "
                       "evaluations", flush=True)
-    results = [json.loads((out / f"{arm}-s{seed}" / "result.json").read_text())
-               for seed in args.seeds for arm in args.arms
-               if (out / f"{arm}-s{seed}" / "result.json").exists()]
+    results = [result for seed in args.seeds for arm in args.arms
+               if (result := _read_result(out / f"{arm}-s{seed}")) is not None]
     text, table = _summary(results, reference, args.goal, args.steps)
     _plot(results, reference, out / "learning_curves.png")
     (out / "results.md").write_text(text + "\n\n![learning curves](learning_curves.png)\n")

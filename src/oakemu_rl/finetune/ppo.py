@@ -302,11 +302,6 @@ def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
                     "the same command and --resume" if trainer.saved
                     else "no checkpoint was written by this run")
             raise distributed.lost_peer(world, error, kept) from None
-        if trainer.stop_update < trainer.num_updates:
-            distributed.barrier(world)
-            if world.is_main:
-                runs.remember_run(trainer.run_dir)
-            return trainer.last_path
         return trainer.finish()
 
 
@@ -700,9 +695,13 @@ class _Trainer:
         self.saved = True
 
     def finish(self) -> Path:
-        path = self.run_dir / runs.STAGE_FILES["ppo"]
-        self.save(path, self.num_updates, final=True)
-        distributed.barrier(self.world)  # the other ranks return once ppo.pt is written
+        """Write ppo.pt, or nothing more than ppo_last.pt when the run paused; return it."""
+        if self.stop_update < self.num_updates:
+            path = self.last_path
+        else:
+            path = self.run_dir / runs.STAGE_FILES["ppo"]
+            self.save(path, self.num_updates, final=True)
+        distributed.barrier(self.world)  # the other ranks return once the file is written
         if self.world.is_main:
             runs.remember_run(self.run_dir)
         if self.progress:
