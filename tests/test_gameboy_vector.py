@@ -96,6 +96,53 @@ def test_env_i_plays_seed_plus_i_and_a_reset_repeats_the_game() -> None:
         single.close()
 
 
+@pytest.mark.parametrize(("same_step_reset", "workers"), [(True, 2), (False, 0)])
+def test_labels_are_the_scripts_actions_on_each_returned_observation(
+        same_step_reset: bool, workers: int) -> None:
+    """Replayed env by env, a scripted player reading each single env's RAM gives the
+    labels the vector env returned beside every observation, across episode ends."""
+    from oakemu_rl.agents.scripted_catch import CatchDemonstrator
+
+    spec, n, steps = short_catch(), 2, 30
+    venv = GameBoyVectorEnv(spec, n, same_step_reset=same_step_reset,
+                            processes=workers > 0, workers=workers or None,
+                            labeller="planner")
+    singles = [GameBoyEnv(spec) for _ in range(n)]
+    script = CatchDemonstrator(spec)
+    try:
+        _, info = venv.reset(seed=3)
+        expected = [script.decide(single.memory) for single, _ in
+                    ((s, s.reset(seed=3 + i)) for i, s in enumerate(singles))]
+        np.testing.assert_array_equal(info["labels"], expected)
+        rng = np.random.default_rng(1)
+        ended = np.zeros(n, dtype=bool)
+        seen = set()
+        for _ in range(steps):
+            actions = rng.integers(0, 3, n)
+            _, _, terminated, truncated, info = venv.step(actions)
+            for i, single in enumerate(singles):
+                if not same_step_reset and ended[i]:
+                    single.reset()
+                else:
+                    _, _, term, trunc, _ = single.step(actions[i])
+                    if same_step_reset and (term or trunc):
+                        single.reset()
+                expected[i] = script.decide(single.memory)
+            ended = terminated | truncated
+            np.testing.assert_array_equal(info["labels"], expected)
+            seen.update(int(label) for label in info["labels"])
+        assert len(seen) >= 2  # the labels follow the ball, not one constant
+    finally:
+        venv.close()
+        for single in singles:
+            single.close()
+
+
+def test_labels_need_a_scripted_style() -> None:
+    with pytest.raises(EnvError, match="no style 'dreamer'"):
+        GameBoyVectorEnv(short_catch(), 2, workers=2, labeller="dreamer")
+
+
 def test_errors_close_and_dead_workers() -> None:
     venv = GameBoyVectorEnv(short_catch(), 2, workers=2)
     pids = [p.pid for p in venv.pool.processes]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import re
 import shutil
@@ -984,3 +985,75 @@ def test_missing_bc_demos_are_refused_before_the_run_directory_is_touched(
         run_ppo(run_dir, tiny(1, bc_coef=1.0))
     assert (run_dir / "ppo_metrics.jsonl").read_bytes() == before
     assert sorted((run_dir / "tb").rglob("*")) == events
+
+
+def test_rollout_labels_are_the_scripts_actions_on_the_observations_beside_them() -> None:
+    """Replaying a labelled rollout's actions in single envs, a scripted player reading
+    each env's RAM gives the label stored beside every observation, episode ends included."""
+    pytest.importorskip("pyboy")
+    from oakemu_rl.agents.scripted_catch import CatchDemonstrator
+    from oakemu_rl.envs.gameboy import GameBoyEnv
+
+    config = json.loads(EnvSpec(game="catch").game_config)
+    config["game"]["max_steps"] = 15  # episodes end inside the rollout
+    spec = EnvSpec(game="catch", game_config=json.dumps(config))
+    torch.manual_seed(0)
+    model = PPOModel(spec.observation_shape, len(action_meanings(spec)), TINY)
+    mask = torch.from_numpy(action_mask(spec))
+    collector = RolloutCollector(spec, model, mask, num_envs=2, num_steps=40,
+                                 device=torch.device("cpu"), seed=4, labeller="planner")
+    try:
+        rollout = collector.collect()
+    finally:
+        collector.close()
+    assert rollout.labels is not None and rollout.labels.shape == (40, 2)
+    script = CatchDemonstrator(spec)
+    for i in range(2):
+        env = GameBoyEnv(spec.for_evaluation())
+        try:
+            obs, _ = env.reset(seed=4 + i)
+            for t in range(40):
+                np.testing.assert_array_equal(rollout.obs[t, i].numpy(), obs)
+                assert int(rollout.labels[t, i]) == script.decide(env.memory), (t, i)
+                obs, _, terminated, truncated, _ = env.step(int(rollout.actions[t, i]))
+                if terminated or truncated:
+                    obs, _ = env.reset()
+        finally:
+            env.close()
+    assert len(set(rollout.labels.flatten().tolist())) >= 2
+
+
+def test_label_rollouts_add_a_bc_loss_on_the_agents_own_states(tmp_path: Path) -> None:
+    """With --label-rollouts each update logs the BC loss on its rollout's labels beside
+    the one on demo batches; without it that loss is absent."""
+    pytest.importorskip("pyboy")
+    spec = EnvSpec(game="catch")
+    demo = tmp_path / "catch.h5"
+    recording.record(recording.RecordConfig(out=demo, spec=spec, episodes=1, seed=0,
+                                            max_steps=64, progress=False),
+                     make_demonstrator(spec, seed=0))
+    run_dir = tmp_path / "run"
+    train_bc(BCConfig(epochs=1, architecture="tiny", batch_size=16), [str(demo)],
+             run_dir=run_dir, device="cpu", progress=False)
+    plain = tmp_path / "plain"
+    shutil.copytree(run_dir, plain)
+    config = tiny(2, bc_coef=1.0, bc_batch_size=8, label_rollouts="planner")
+    run_ppo(run_dir, config, checkpoint=str(run_dir / "bc.pt"))
+    records = update_records(run_dir)
+    assert len(records) == 2
+    for record in records:
+        assert math.isfinite(record["guards/bc_rollout_loss"])
+        assert record["guards/bc_rollout_loss"] > 0 and record["guards/bc_loss"] > 0
+    run_ppo(plain, dataclasses.replace(config, label_rollouts=None),
+            checkpoint=str(plain / "bc.pt"))
+    assert update_records(plain)[0]["guards/bc_rollout_loss"] is None
+
+
+def test_label_rollouts_are_refused_where_no_script_can_give_them(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="label_rollouts='planner' is out of range"):
+        tiny(1, label_rollouts="planner")  # no BC loss to feed
+    run_dir = tmp_path / "run"
+    write_start(run_dir)
+    with pytest.raises(ConfigError, match=r"needs a Game Boy game.*pong is an Atari game"):
+        run_ppo(run_dir, tiny(1, bc_coef=1.0, label_rollouts="planner"))
+    assert not (run_dir / "ppo_metrics.jsonl").exists()

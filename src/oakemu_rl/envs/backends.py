@@ -54,7 +54,8 @@ def make_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     return make_ale_env(spec, render_mode)
 
 
-def make_vector_env(spec: EnvSpec, num_envs: int, *, same_step_reset: bool = False) -> Any:
+def make_vector_env(spec: EnvSpec, num_envs: int, *, same_step_reset: bool = False,
+                    labeller: str | None = None) -> Any:
     """`num_envs` envs stepped together; observations (n, stack, size, size) uint8, and
     `info["lives"]`. Env i of `reset(seed=s)` plays seed s + i.
 
@@ -62,6 +63,10 @@ def make_vector_env(spec: EnvSpec, num_envs: int, *, same_step_reset: bool = Fal
     next-step mode). With `same_step_reset` it resets at once: the step that ends an
     episode returns the next episode's first observation and the last one in
     `info["final_obs"]`, which training needs to bootstrap truncated episodes.
+
+    With `labeller` (a scripted player's style; Game Boy games only, where the script reads
+    RAM in the worker that steps the env), `info["labels"]` of every reset and step holds
+    the action that player would take on each returned observation.
     """
     if num_envs < 1:
         raise EnvError(f"the number of envs must be at least 1, got {num_envs}")
@@ -69,7 +74,12 @@ def make_vector_env(spec: EnvSpec, num_envs: int, *, same_step_reset: bool = Fal
     if spec.backend == "pyboy":
         from .gameboy import GameBoyVectorEnv
 
-        return GameBoyVectorEnv(spec, num_envs, same_step_reset=same_step_reset)
+        return GameBoyVectorEnv(spec, num_envs, same_step_reset=same_step_reset,
+                                labeller=labeller)
+    if labeller is not None:
+        raise EnvError(f"labelled rollouts run the scripted player beside each Game Boy "
+                       f"emulator; {spec.game} is an Atari game, whose vector env has no "
+                       "place for it")
     from .ale import make_ale_vector_env
 
     return make_ale_vector_env(spec, num_envs, same_step_reset=same_step_reset)

@@ -198,14 +198,22 @@ class GameBoyVectorEnv:
     Several envs run in `workers` worker processes (default: one per core), each stepping
     its share of the envs, over shared memory (`gameboy_pool`); one env, or
     `processes=False`, runs in this process. A worker that dies raises `EnvError`.
+
+    With `labeller` (a scripted player's style), `info["labels"]` holds, for every env, the
+    action that player would take on the observation returned beside it.
     """
 
     def __init__(self, spec: EnvSpec, num_envs: int, *, same_step_reset: bool = False,
-                 processes: bool | None = None, workers: int | None = None) -> None:
+                 processes: bool | None = None, workers: int | None = None,
+                 labeller: str | None = None) -> None:
         from .gameboy_pool import GameBoyPool, default_workers
 
         if num_envs < 1:
             raise EnvError(f"the number of envs must be at least 1, got {num_envs}")
+        if labeller is not None:  # a game or style without a script: refused before any fork
+            from ..agents.scripted import make_demonstrator
+
+            make_demonstrator(spec, style=labeller)
         if processes is None:
             processes = num_envs > 1
         if not processes:
@@ -217,13 +225,17 @@ class GameBoyVectorEnv:
         self.single_action_space = gym.spaces.Discrete(len(spec.gameboy_config.actions))
         self.single_observation_space = gym.spaces.Box(0, 255, spec.observation_shape,
                                                        np.uint8)
+        self.labelled = labeller is not None
         self.pool = GameBoyPool(spec, num_envs, spec.observation_shape,
-                                same_step_reset=same_step_reset, workers=workers)
+                                same_step_reset=same_step_reset, workers=workers,
+                                labeller=labeller)
         self._buffers = self.pool.buffers
 
     def _info(self) -> dict[str, Any]:
         b = self._buffers
         out: dict[str, Any] = {"lives": b.lives.copy()}
+        if self.labelled:
+            out["labels"] = b.labels.copy()
         if self.same_step_reset and b.finished.any():
             finals = np.zeros_like(b.obs)
             ids = np.flatnonzero(b.finished)
@@ -238,7 +250,7 @@ class GameBoyVectorEnv:
                 raise EnvError(f"the seed must not be negative, got {seed}")
         self.pool.reset(seed)
         self._buffers.finished[:] = False
-        return self._buffers.obs.copy(), {"lives": self._buffers.lives.copy()}
+        return self._buffers.obs.copy(), self._info()
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                  np.ndarray, dict[str, Any]]:

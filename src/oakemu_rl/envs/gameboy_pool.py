@@ -12,6 +12,11 @@ many envs there are, instead of one per env fighting over the cores.
 `workers=0` steps the same slices in this process (no pipes, no processes): the
 reference the worker path is tested against, and the fastest choice for one env.
 
+With a `labeller` (a scripted player's style), every env also gets a scripted player that
+labels each observation the env returns with the action the script would take there,
+read from the emulator's RAM in the worker that steps it: PPO's BC loss can then cover the
+states the agent itself reaches (`PPOConfig.label_rollouts`).
+
 A worker that dies (killed, out of memory) makes the next call raise a one-line
 `EnvError`. Workers are daemons, ignore SIGINT (the parent closes them), and exit as soon
 as their pipe reaches end of file, so a parent killed by any signal leaves none behind.
@@ -61,6 +66,7 @@ class _Buffers:
         fields = [("obs", np.uint8, (num_envs, *obs_shape)),
                   ("final_obs", np.uint8, (num_envs, *obs_shape)),
                   ("actions", np.int64, (num_envs,)),
+                  ("labels", np.int64, (num_envs,)),
                   ("rewards", np.float64, (num_envs,)),
                   ("lives", np.int64, (num_envs,)),
                   ("terminated", np.bool_, (num_envs,)),
@@ -76,6 +82,7 @@ class _Buffers:
     obs: np.ndarray
     final_obs: np.ndarray
     actions: np.ndarray
+    labels: np.ndarray
     rewards: np.ndarray
     lives: np.ndarray
     terminated: np.ndarray
@@ -90,20 +97,35 @@ class _Slice:
     to `final_obs`)."""
 
     def __init__(self, spec: EnvSpec, start: int, stop: int, buffers: _Buffers,
-                 same_step_reset: bool) -> None:
+                 same_step_reset: bool, labeller: str | None = None) -> None:
         from .gameboy import GameBoyEnv
 
         self.start = start
         self.same_step_reset = same_step_reset
         self.buffers = buffers
         self.envs: list[Any] = []
+        self.labellers: list[Any] = []
         try:
             for _ in range(start, stop):
                 self.envs.append(GameBoyEnv(spec))
+            if labeller is not None:
+                from ..agents.scripted import make_demonstrator
+
+                self.labellers = [make_demonstrator(spec, seed=i, style=labeller)
+                                  for i in range(start, stop)]
         except BaseException:
             self.close()
             raise
         self.autoreset = np.zeros(stop - start, dtype=bool)
+
+    def _label(self, j: int, obs: np.ndarray, new_game: bool) -> None:
+        """The scripted player's action for env j's observation `obs` (a new game's first
+        one when `new_game`), into `labels`."""
+        if self.labellers:
+            labeller, env = self.labellers[j], self.envs[j]
+            if new_game:
+                labeller.reset(env, self.start + j)
+            self.buffers.labels[self.start + j] = labeller.act(env, obs)
 
     def reset(self, seed: int | None) -> None:
         b = self.buffers
@@ -112,22 +134,25 @@ class _Slice:
             obs, info = env.reset(seed=None if seed is None else seed + i)
             b.obs[i] = obs
             b.lives[i] = info.get("lives", 0)
+            self._label(j, obs, True)
         self.autoreset[:] = False
 
     def step(self) -> None:
         b = self.buffers
         for j, env in enumerate(self.envs):
             i = self.start + j
-            finished = False
+            finished = new_game = False
             if not self.same_step_reset and self.autoreset[j]:
                 obs, info = env.reset()
                 reward, terminated, truncated = 0.0, False, False
+                new_game = True
             else:
                 obs, reward, terminated, truncated, info = env.step(b.actions[i])
                 if self.same_step_reset and (terminated or truncated):
                     b.final_obs[i] = obs
-                    finished = True
+                    finished = new_game = True
                     obs, info = env.reset()
+            self._label(j, obs, new_game)
             b.obs[i] = obs
             b.rewards[i] = reward
             b.terminated[i] = terminated
@@ -143,7 +168,7 @@ class _Slice:
 
 
 def _worker(conn: Connection, spec: EnvSpec, start: int, stop: int, buffers: _Buffers,
-            same_step_reset: bool) -> None:
+            same_step_reset: bool, labeller: str | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which closes us
     for pool in list(_POOLS):  # this pool's earlier workers' ends too
         pool._close_parent_ends()
@@ -155,7 +180,7 @@ def _worker(conn: Connection, spec: EnvSpec, start: int, stop: int, buffers: _Bu
         pass
     envs = None
     try:
-        envs = _Slice(spec, start, stop, buffers, same_step_reset)
+        envs = _Slice(spec, start, stop, buffers, same_step_reset, labeller)
         conn.send_bytes(_OK)
         while True:
             command = conn.recv_bytes()
@@ -189,10 +214,11 @@ def _pickle_error(error: BaseException) -> bytes:
 
 class GameBoyPool:
     """`num_envs` GameBoyEnvs in `workers` processes (0: in this process), stepped
-    together; `step` and `reset` fill `buffers` and return nothing."""
+    together; `step` and `reset` fill `buffers` (with `labeller`, `buffers.labels` too) and
+    return nothing."""
 
     def __init__(self, spec: EnvSpec, num_envs: int, obs_shape: tuple[int, ...], *,
-                 same_step_reset: bool, workers: int) -> None:
+                 same_step_reset: bool, workers: int, labeller: str | None = None) -> None:
         if num_envs < 1:
             raise EnvError(f"the number of envs must be at least 1, got {num_envs}")
         if not 0 <= workers <= num_envs:
@@ -207,7 +233,7 @@ class GameBoyPool:
         self.closed = False
         self.failure: str | None = None
         if workers == 0:
-            self.local = _Slice(spec, 0, num_envs, self.buffers, same_step_reset)
+            self.local = _Slice(spec, 0, num_envs, self.buffers, same_step_reset, labeller)
             return
         bounds = np.linspace(0, num_envs, workers + 1).round().astype(int)
         context = mp.get_context("fork")
@@ -218,7 +244,8 @@ class GameBoyPool:
                 self.conns.append(parent)  # before the fork: the worker closes it
                 process = context.Process(
                     target=_worker, name=f"oakemu-gameboy-{start}-{stop - 1}", daemon=True,
-                    args=(child, spec, int(start), int(stop), self.buffers, same_step_reset))
+                    args=(child, spec, int(start), int(stop), self.buffers, same_step_reset,
+                          labeller))
                 process.start()
                 child.close()  # only the worker holds it now: its death is end of file here
                 self.processes.append(process)

@@ -63,6 +63,7 @@ LAST = "ppo_last.pt"
 # Options that fix the counters and schedules a resumed run must continue.
 RESUME_KEYS = ("total_steps", "num_envs", "num_steps", "lr", "anneal_lr", "warmup_updates",
                "warmup_ramp_updates", "kl_coef", "kl_decay", "bc_coef", "bc_decay",
+               "label_rollouts",
                "from_scratch", "eval_episodes", "eval_seed", "eval_max_steps")
 
 
@@ -123,6 +124,10 @@ class PPOConfig:
     """Per-update decay of the BC weight."""
     bc_batch_size: int = 64
     """Demo samples per minibatch for the BC loss."""
+    label_rollouts: str | None = None
+    """Style of the scripted player that labels every state the rollouts visit: the BC
+    loss then covers the agent's own states too, at the same weight (Game Boy games,
+    whose scripts read RAM; needs bc_coef)."""
     eval_every: int = 0
     """Greedy evaluation every this many updates, and always after the last (0: only after
     the last); ppo.pt is the evaluated policy that scored best."""
@@ -169,6 +174,8 @@ class PPOConfig:
             ("bc_coef", self.bc_coef >= 0, "≥ 0"),
             ("bc_decay", 0 < self.bc_decay <= 1, "in (0, 1]"),
             ("bc_batch_size", self.bc_batch_size >= 1, "≥ 1"),
+            ("label_rollouts", self.label_rollouts is None or self.bc_coef > 0,
+             "left unset while --bc-coef is 0 (the labels feed the BC loss)"),
             ("eval_every", self.eval_every >= 0, "≥ 0"),
             ("eval_episodes", self.eval_episodes >= 0, "≥ 0"),
             ("eval_max_steps", self.eval_max_steps is None or self.eval_max_steps >= 1, "≥ 1"),
@@ -278,9 +285,11 @@ def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
     with torch_threads(config.threads):
         if config.from_scratch:  # nothing to protect: plain PPO
             config = dataclasses.replace(config, warmup_updates=0, warmup_ramp_updates=0,
-                                         kl_coef=0.0, bc_coef=0.0)
+                                         kl_coef=0.0, bc_coef=0.0, label_rollouts=None)
         source, run_dir = runs.stage_source(run_dir, checkpoint, needs="calibrate")
         start = load_checkpoint(source)
+        if config.label_rollouts is not None:
+            _check_labeller(config.label_rollouts, start)
         if not config.from_scratch:
             _check_critic_returns(config, start, source)
         trainer = _Trainer(config, start, run_dir, torch_device, progress, world)
@@ -303,6 +312,17 @@ def finetune_ppo(config: PPOConfig, *, run_dir: str | Path | None = None,
                     else "no checkpoint was written by this run")
             raise distributed.lost_peer(world, error, kept) from None
         return trainer.finish()
+
+
+def _check_labeller(style: str, start: Checkpoint) -> None:
+    """Refuse, before the run directory is touched, labels no script can give."""
+    from ..agents.scripted import make_demonstrator
+
+    spec = EnvSpec.from_dict(start.env_spec)
+    if spec.backend != "pyboy":
+        raise ConfigError(f"--label-rollouts needs a Game Boy game, whose scripted player "
+                          f"reads RAM beside each emulator; {spec.game} is an Atari game")
+    make_demonstrator(spec, style=style)
 
 
 CRITIC_RETURNS = ("reward_clipping", "episodic_life", "gamma")
@@ -451,7 +471,8 @@ class _Trainer:
         self.collector = RolloutCollector(
             learning, self.model, self.mask, num_envs=config.num_envs,
             num_steps=config.num_steps, device=self.device,
-            seed=config.seed + self.first_update + self.world.rank * config.num_envs)
+            seed=config.seed + self.first_update + self.world.rank * config.num_envs,
+            labeller=config.label_rollouts)
         self.collector.global_step = self.global_step // self.world.world_size
         bar = tqdm(total=self.num_updates, initial=self.first_update - 1,
                    disable=not self.progress, desc="ppo", unit="update")
@@ -513,7 +534,7 @@ class _Trainer:
                           ("ent", "losses/entropy"), ("approx_kl", "losses/approx_kl"),
                           ("old_approx_kl", "losses/old_approx_kl"),
                           ("clipfrac", "losses/clipfrac"), ("kl_ref", "guards/kl_ref"),
-                          ("bc", "guards/bc_loss")):
+                          ("bc", "guards/bc_loss"), ("bc_rollout", "guards/bc_rollout_loss")):
             record[name] = self.across_ranks(stats.get(key, []))
         if config.eval_episodes and (update == self.num_updates or (
                 config.eval_every and update % config.eval_every == 0)):
@@ -541,7 +562,8 @@ class _Trainer:
         batch = PPOBatch(actions=rollout.actions.reshape(-1),
                          log_probs=rollout.log_probs.reshape(-1),
                          advantages=advantages.reshape(-1), returns=returns.reshape(-1),
-                         values=rollout.values.reshape(-1))
+                         values=rollout.values.reshape(-1),
+                         labels=None if rollout.labels is None else rollout.labels.reshape(-1))
         size = config.batch_size // config.num_minibatches
         kl_w, bc_w = kl_weight(config, update), bc_weight(config, update)
         if kl_w > 0:  # the frozen policy's logits, once per rollout, not per epoch
@@ -596,6 +618,10 @@ class _Trainer:
                          demo_actions.to(self.device), self.mask)
             loss = loss + bc_w * bc
             stats["bc"] = bc.detach()
+        if batch.labels is not None and bc_w > 0:  # the script's labels on the agent's states
+            own = bc_loss(logits, batch.labels, self.mask)
+            loss = loss + bc_w * own
+            stats["bc_rollout"] = own.detach()
         outcome = self.stopped_outcome()
         # Every rank checks the same number (the mean over ranks), so all stop together.
         check_finite(self.across_ranks([loss.detach()]), "the PPO loss",

@@ -86,6 +86,8 @@ class PPOBatch:
     values: torch.Tensor
     ref_logits: torch.Tensor | None = None
     """The reference (bootstrap) policy's logits, for the KL anchor."""
+    labels: torch.Tensor | None = None
+    """The scripted player's action on each observation, for the BC loss on rollouts."""
 
 
 def ppo_loss(logits: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, batch: PPOBatch,

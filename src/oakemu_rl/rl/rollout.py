@@ -31,6 +31,7 @@ class Rollout:
     terminations: torch.Tensor  # bool, learning terminations (life loss with episodic_life)
     truncations: torch.Tensor  # bool
     next_values: torch.Tensor  # V(s_{t+1}) of the same episode (final obs where truncated)
+    labels: torch.Tensor | None = None  # int64, the scripted player's action on each obs
 
     @property
     def num_steps(self) -> int:
@@ -81,6 +82,7 @@ class RolloutCollector:
         device: torch.device,
         seed: int = 0,
         greedy: bool = False,
+        labeller: str | None = None,
     ) -> None:
         self.spec = spec
         self.model = model
@@ -89,8 +91,11 @@ class RolloutCollector:
         self.num_steps = num_steps
         self.device = device
         self.greedy = greedy
-        self.env = make_vector_env(spec.for_evaluation(), num_envs, same_step_reset=True)
+        self.env = make_vector_env(spec.for_evaluation(), num_envs, same_step_reset=True,
+                                   labeller=labeller)
         obs, info = self.env.reset(seed=seed)
+        self.labelled = labeller is not None
+        self.next_labels = np.asarray(info["labels"]).copy() if self.labelled else None
         # One sampling stream per env, seeded like the env (env i plays seed + i): a run
         # whose envs are split over several processes samples the actions one process
         # with all of them would.
@@ -112,6 +117,7 @@ class RolloutCollector:
         self._rewards = np.zeros(shape, dtype=np.float32)
         self._terms = np.zeros(shape, dtype=bool)
         self._truncs = np.zeros(shape, dtype=bool)
+        self._labels = np.zeros(shape, dtype=np.int64)
 
     @torch.no_grad()
     def _act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -139,6 +145,8 @@ class RolloutCollector:
             start = time.perf_counter()
             obs = torch.from_numpy(self.next_obs).to(self.device)
             self._obs[t] = obs
+            if self.labelled:
+                self._labels[t] = self.next_labels
             action, log_prob, value = self._act(obs)
             self._actions[t] = action
             self._log_probs[t] = log_prob
@@ -172,6 +180,8 @@ class RolloutCollector:
                 self.raw_return[i] = 0
                 self.raw_length[i] = 0
             self.next_obs = next_obs
+            if self.labelled:
+                self.next_labels = np.asarray(info["labels"]).copy()
         self.global_step += self.num_steps * self.num_envs
 
         start = time.perf_counter()
@@ -194,6 +204,7 @@ class RolloutCollector:
             terminations=as_tensor(self._terms),
             truncations=as_tensor(self._truncs),
             next_values=next_values,
+            labels=as_tensor(self._labels) if self.labelled else None,
         )
 
     def close(self) -> None:
