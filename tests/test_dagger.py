@@ -21,6 +21,7 @@ from oakemu_rl.cli import cli
 from oakemu_rl.demos import DemoFile
 from oakemu_rl.demos.dataset import split_episodes
 from oakemu_rl.envs import EnvSpec, action_meanings
+from oakemu_rl.errors import ConfigError
 from oakemu_rl.fsutil import sha256_file
 from oakemu_rl.metrics import read_metrics
 
@@ -136,6 +137,28 @@ def test_relabel_seed_sets_the_first_relabelled_game(tmp_path: Path) -> None:
                     progress=False)
     assert [e.seed for e in episodes_of(path.parent / "relabelled.h5")] == [500]
     assert [e.seed for e in episodes_of(path.parent / "relabelled2.h5")] == [501]
+
+
+def test_relabel_noise_moves_the_clone_in_its_rounds_never_the_labels(tmp_path: Path) -> None:
+    """bc's relabel_noise: the same relabelling game (same clone, same seed) goes elsewhere
+    when the clone plays random moves, and every label stays the script's own choice."""
+    demos = record_follow(tmp_path / "demos.h5", episodes=2)
+    recorded = {}
+    for noise in (0.0, 1.0):
+        config = BCConfig(epochs=1, architecture="tiny", batch_size=32, relabel_episodes=1,
+                          relabel_epochs=1, relabel_style="follow", relabel_seed=500,
+                          relabel_noise=noise, seed=3)
+        path = train_bc(config, [str(demos)], run_dir=tmp_path / f"run{noise}", device="cpu",
+                        progress=False)
+        with DemoFile(path.parent / "relabelled.h5") as demo:
+            recorded[noise] = (demo.read(0, "frames"), demo.read(0, "actions"))
+    (frames, labels), (noisy_frames, noisy_labels) = recorded[0.0], recorded[1.0]
+    np.testing.assert_array_equal(frames[0], noisy_frames[0])
+    assert len(frames) != len(noisy_frames) or not np.array_equal(frames, noisy_frames)
+    assert set(labels.tolist()) <= FOLLOW_LABELS
+    assert set(noisy_labels.tolist()) <= FOLLOW_LABELS and len(noisy_labels) >= 40
+    with pytest.raises(ConfigError, match=r"relabel_noise=1\.5 is out of range"):
+        BCConfig(relabel_noise=1.5)
 
 
 def test_record_relabel_noise_moves_the_clone_never_the_labels(relabelled_run: dict,

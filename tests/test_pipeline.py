@@ -309,3 +309,26 @@ def test_the_long_preset_shares_the_main_jobs_stages_before_ppo() -> None:
     assert long.ppo.threads == main.ppo.threads  # the rest of [ppo] comes from the base
     assert long.ppo.total_steps > main.ppo.total_steps
     assert long.evaluate.episodes >= 20
+
+
+def test_an_option_added_later_leaves_earlier_runs_up_to_date() -> None:
+    """A stage's fingerprint leaves out options added after runs were made while they hold
+    their default: it is then what the stages computed before those options existed, so an
+    earlier run directory stays up to date; setting one makes the stage stale."""
+    import dataclasses
+
+    from oakemu_rl.bootstrap.bc import BCConfig
+    from oakemu_rl.finetune.ppo import PPOConfig
+    from oakemu_rl.pipeline import LATER_OPTIONS, _fingerprint, _settings
+
+    for stage, config, changed in (("ppo", PPOConfig(), {"bc_coef": 0.1,
+                                                         "label_rollouts": "planner"}),
+                                   ("bc", BCConfig(), {"relabel_noise": 0.1})):
+        before = {k: v for k, v in dataclasses.asdict(config).items()
+                  if k not in LATER_OPTIONS}
+        assert len(before) < len(dataclasses.asdict(config))
+        assert _fingerprint(stage, _settings(config), ["up"]) == \
+            _fingerprint(stage, before, ["up"])
+        other = dataclasses.replace(config, **changed)
+        assert _fingerprint(stage, _settings(other), ["up"]) != \
+            _fingerprint(stage, _settings(config), ["up"])

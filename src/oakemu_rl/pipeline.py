@@ -258,6 +258,21 @@ def _check_scripted(env: EnvSpec, demos: DemoSource, bc: BCConfig) -> None:
 # -- state ------------------------------------------------------------------------------------
 
 
+LATER_OPTIONS = frozenset({"label_rollouts", "relabel_noise"})
+"""Stage options added after run directories were made with this version's stages: a
+stage's fingerprint leaves each out while it holds its default, so that adding an option
+does not make every earlier run's stages stale (and rerun them)."""
+
+
+def _settings(config: Any) -> dict[str, Any]:
+    """What a stage's fingerprint covers of its config."""
+    settings = dataclasses.asdict(config)
+    for item in dataclasses.fields(config):
+        if item.name in LATER_OPTIONS and settings[item.name] == item.default:
+            del settings[item.name]
+    return settings
+
+
 def _fingerprint(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -328,13 +343,13 @@ class PipelineRun:
         p, run_dir = self.pipeline, str(self.run_dir)
         places = {"device": p.device, "progress": self.progress}
         demo_path = self._record()
-        self._stage("bc", dataclasses.asdict(p.bc), ["record"], self.run_dir / "bc.pt",
+        self._stage("bc", _settings(p.bc), ["record"], self.run_dir / "bc.pt",
                     lambda: self._checkpoint_info(self._train_bc(demo_path)))
-        self._stage("calibrate", dataclasses.asdict(p.calibrate), ["bc"],
+        self._stage("calibrate", _settings(p.calibrate), ["bc"],
                     self.run_dir / "calibrated.pt",
                     lambda: self._checkpoint_info(calibrate(p.calibrate, run_dir=run_dir,
                                                             **places)))
-        ppo_settings = dataclasses.asdict(p.ppo)
+        ppo_settings = _settings(p.ppo)
         started = _fingerprint("ppo", ppo_settings, [self.results["calibrate"].fingerprint])
         resume = (self.run_dir / "ppo_last.pt").exists() and "ppo" not in self.force \
             and self.results["calibrate"].skipped and self.state.get("ppo_started") == started
@@ -345,7 +360,7 @@ class PipelineRun:
             return self._checkpoint_info(self._finetune_ppo(resume))
 
         self._stage("ppo", ppo_settings, ["calibrate"], self.run_dir / "ppo.pt", run_ppo)
-        self._stage("test", dataclasses.asdict(p.evaluate), ["ppo"],
+        self._stage("test", _settings(p.evaluate), ["ppo"],
                     self.run_dir / "test.json", self._test)
         return self.results
 
@@ -401,7 +416,7 @@ class PipelineRun:
             return {"episodes": len(returns), "steps": sum(e["length"] for e in result.episodes),
                     "mean_return": sum(returns) / len(returns)}
 
-        self._stage("record", [dataclasses.asdict(p.demos), spec.to_dict()], [], demo_path,
+        self._stage("record", [_settings(p.demos), spec.to_dict()], [], demo_path,
                     record_demos)
         return demo_path
 

@@ -96,6 +96,10 @@ class BCConfig:
     """The scripted demonstrator's style that labels the clone's frames."""
     relabel_seed: int | None = None
     """Seed of the first relabelled game (default: the one after the demo files' last)."""
+    relabel_noise: float = 0.0
+    """Chance that the clone plays a random allowed action at a step of its relabelling
+    games: it then strays into states its own play rarely reaches (walls, far misses),
+    which the script labels as always; the labels are never the random actions."""
 
     def __post_init__(self) -> None:
         check_options(self, [
@@ -118,6 +122,7 @@ class BCConfig:
             ("relabel_epochs", not isinstance(self.relabel_epochs, tuple)
              or len(self.relabel_epochs) == self.relabel_rounds,
              f"one number, or a list of relabel_rounds = {self.relabel_rounds} numbers"),
+            ("relabel_noise", 0 <= self.relabel_noise <= 1, "in [0, 1]"),
             ("relabel_seed", self.relabel_seed is None or 0 <= self.relabel_seed <= SEED_MAX,
              f"from 0 to {SEED_MAX}"),
         ], stage="bc")

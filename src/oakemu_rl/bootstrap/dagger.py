@@ -33,7 +33,7 @@ def relabel_round(config: BCConfig, clone: Path, files: list[str], round_: int, 
         out.unlink()
     seed = _first_seed(config, files, round_)
     labeller, driver, spec = relabelling_agents(clone, style=config.relabel_style, seed=seed,
-                                                device=device)
+                                                noise=config.relabel_noise, device=device)
     if progress:
         tqdm.write(f"[bc] relabelling round {round_}/{config.relabel_rounds}: the clone plays "
                    f"{config.relabel_episodes} game(s), the scripted demonstrator labels them")
