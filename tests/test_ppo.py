@@ -346,7 +346,7 @@ def test_short_run_writes_checkpoints_metrics_and_tensorboard(tmp_path: Path) ->
     start = load_checkpoint(source)
     final = load_checkpoint(path)
     last = load_checkpoint(run_dir / "ppo_last.pt")
-    # ppo.pt is the evaluated policy that scored best (the earliest of a tie), ppo_last.pt
+    # ppo.pt is the evaluated policy that scored best (the latest of a tie), ppo_last.pt
     # the last one: their steps are those of their own update
     chosen = final.extra["selection"]["update"]
     assert chosen in (2, 4)
@@ -412,7 +412,7 @@ def test_ppo_ships_the_policy_its_evaluations_picked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every evaluation plays the same selection games; ppo.pt holds the weights of the
-    evaluation with the best mean as the metrics record it (the earliest of a tie), with
+    evaluation with the best mean as the metrics record it (the latest of a tie), with
     its score ± SE, and ppo_last.pt the last update's."""
     seen: dict[int, dict[str, torch.Tensor]] = {}
     original = ppo_module._Trainer.evaluate
@@ -431,7 +431,7 @@ def test_ppo_ships_the_policy_its_evaluations_picked(
     evals = [r for r in update_records(run_dir) if "eval/greedy_return" in r]
     assert [r["charts/update"] for r in evals] == [1, 2, 3] == sorted(seen)
     scores = [r["eval/greedy_return"] for r in evals]
-    best = scores.index(max(scores)) + 1  # the first update with the best mean
+    best = len(scores) - scores[::-1].index(max(scores))  # the last update with the best mean
     final, last = load_checkpoint(path), load_checkpoint(run_dir / "ppo_last.pt")
     selection = final.extra["selection"]
     assert selection["update"] == best == evals[-1]["eval/selected_update"]
@@ -445,15 +445,57 @@ def test_ppo_ships_the_policy_its_evaluations_picked(
         assert torch.equal(final.state_dict[name], tensor), name
     for name, tensor in seen[3].items():
         assert torch.equal(last.state_dict[name], tensor), name
-    # These short games tie, so the first evaluated policy is shipped, not the last one.
-    assert best == 1
-    assert any(not torch.equal(final.state_dict[k], last.state_dict[k])
-               for k in final.state_dict)
+    # These short games tie, so the last evaluated policy is shipped, not the first one.
+    assert scores == [scores[0]] * 3 and best == 3
+    assert any(not torch.equal(final.state_dict[k], seen[1][k]) for k in final.state_dict)
     # ppo.pt replays its selection score on the selection games
     agent, spec = load_policy_agent(path, device="cpu")
     replay = play_games(agent, spec, EvalConfig(episodes=2, seed=20_000, max_steps=40),
                         progress=False)
     assert replay.mean == selection["mean"]
+
+
+def test_selection_keeps_the_best_evaluation_and_the_latest_of_a_tie(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each evaluation of a CATCH run plays one fixed move (a policy head that always picks
+    it), so the selection games score LEFT -2.5, NOOP -2 and RIGHT -3 on the real game:
+    of LEFT, NOOP, NOOP, RIGHT the second NOOP is shipped, not the earlier tie nor the
+    worse last update."""
+    pytest.importorskip("pyboy")
+    spec = EnvSpec(game="catch")
+    meanings = list(action_meanings(spec))
+    moves = ["LEFT", "NOOP", "NOOP", "RIGHT"]
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+    original = ppo_module._Trainer.evaluate
+
+    def fixed_move(self, update: int):
+        with torch.no_grad():
+            self.model.policy_head.weight.zero_()
+            self.model.policy_head.bias.zero_()
+            self.model.policy_head.bias[meanings.index(moves[update - 1])] = 100.0
+        seen[update] = plain_state_dict(self.model)
+        return original(self, update)
+
+    monkeypatch.setattr(ppo_module._Trainer, "evaluate", fixed_move)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    torch.manual_seed(0)
+    model = PPOModel(spec.observation_shape, len(meanings), TINY)
+    save_checkpoint(run_dir / "calibrated.pt", Checkpoint.from_model(
+        model, stage="calibrate", action_meanings=meanings,
+        action_mask=action_mask(spec).tolist(), env_spec=spec.to_dict(),
+        steps={"epochs": 1, "samples": 32}))
+    config = tiny(4, eval_every=1, eval_episodes=2, eval_max_steps=200, eval_seed=20_000,
+                  warmup_updates=0, warmup_ramp_updates=0, kl_coef=0.0)
+    selection = load_checkpoint(run_ppo(run_dir, config)).extra["selection"]
+    assert [(e["update"], e["mean"]) for e in selection["evaluations"]] == [
+        (1, -2.5), (2, -2.0), (3, -2.0), (4, -3.0)]
+    assert selection["update"] == 3 and selection["mean"] == -2.0
+    final = load_checkpoint(run_dir / "ppo.pt")
+    for name, tensor in seen[3].items():
+        assert torch.equal(final.state_dict[name], tensor), name
+    assert any(not torch.equal(final.state_dict[k], seen[2][k]) for k in final.state_dict)
 
 
 def test_selection_seeds_must_not_be_training_seeds() -> None:

@@ -16,9 +16,11 @@ Checkpoints every `checkpoint_every` updates (`ppo_last.pt`, with optimizer stat
 
 **Selection**: every greedy evaluation plays the same `eval_episodes` games (the selection
 seeds, from `eval_seed`, apart from the training envs' seeds and the final test's), and the
-shipped `ppo.pt` holds the evaluated policy with the best mean score there (the earliest
-on a tie); `ppo_last.pt` keeps the last one. `ppo.pt`'s extra `selection` names the update
-chosen, its score ± standard error and every evaluation's.
+shipped `ppo.pt` holds the evaluated policy with the best mean score there (the latest on a
+tie: near a game's ceiling many evaluations tie, and the later one has trained longer at no
+worse a score; docs/results.md, "Game Boy learning"); `ppo_last.pt` keeps the last one.
+`ppo.pt`'s extra `selection` names the update chosen, its score ± standard error and every
+evaluation's.
 """
 
 from __future__ import annotations
@@ -671,7 +673,7 @@ class _Trainer:
         record = {"eval/greedy_return": result.mean, "eval/greedy_return_std": result.std,
                   "eval/greedy_return_sem": result.sem, "eval/episodes": result.episodes,
                   "eval/greedy_length": result.mean_length}
-        if self.best is None or result.mean > self.best["mean"]:
+        if self.best is None or result.mean >= self.best["mean"]:  # the later of a tie
             self.best = point | {"state_dict": plain_state_dict(self.model),
                                  "rank_weight_sha256": digests, "eval": record}
         self.last_eval = record | {"eval/selected_update": self.best["update"],
