@@ -332,3 +332,23 @@ def test_an_option_added_later_leaves_earlier_runs_up_to_date() -> None:
         other = dataclasses.replace(config, **changed)
         assert _fingerprint(stage, _settings(other), ["up"]) != \
             _fingerprint(stage, _settings(config), ["up"])
+
+
+def test_default_stage_fingerprints_stay_what_earlier_runs_stored() -> None:
+    """Each stage's fingerprint of its default settings is pinned: a new option must go
+    into pipeline.LATER_OPTIONS, or every earlier run directory turns stale and reruns
+    its stages. (A changed default does make them stale; then update the pin.)"""
+    from oakemu_rl.bootstrap.bc import BCConfig
+    from oakemu_rl.bootstrap.calibrate import CalibrateConfig
+    from oakemu_rl.finetune.ppo import PPOConfig
+    from oakemu_rl.pipeline import DemoSource, FinalTestConfig, _fingerprint, _settings
+
+    pinned = {"record": (DemoSource(), "70af2013010efa02"),
+              "bc": (BCConfig(), "1dab5d999d3e2ec2"),
+              "calibrate": (CalibrateConfig(), "0052a5a35de249a8"),
+              "ppo": (PPOConfig(), "59ba420f2d351398"),
+              "test": (FinalTestConfig(), "8c7e1bf5a041c470")}
+    for stage, (config, fingerprint) in pinned.items():
+        assert _fingerprint(stage, _settings(config)) == fingerprint, (
+            f"the {stage} stage's default fingerprint changed: name a new option in "
+            "pipeline.LATER_OPTIONS")

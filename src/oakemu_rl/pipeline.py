@@ -261,7 +261,8 @@ def _check_scripted(env: EnvSpec, demos: DemoSource, bc: BCConfig) -> None:
 LATER_OPTIONS = frozenset({"label_rollouts", "relabel_noise"})
 """Stage options added after run directories were made with this version's stages: a
 stage's fingerprint leaves each out while it holds its default, so that adding an option
-does not make every earlier run's stages stale (and rerun them)."""
+does not make every earlier run's stages stale (and rerun them). A test pins each stage's
+default fingerprint, so an option added without a place here fails it."""
 
 
 def _settings(config: Any) -> dict[str, Any]:
