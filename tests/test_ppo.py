@@ -76,11 +76,12 @@ def start_model(seed: int = 123) -> PPOModel:
 
 
 def write_start(run_dir: Path, model: PPOModel | None = None,
-                forbid: tuple[str, ...] = ()) -> Path:
-    """A calibrate-stage checkpoint of the tiny model, as `calibrated.pt` in `run_dir`."""
-    spec = spec_for(forbid)
-    meanings = list(action_meanings("pong"))
-    assert len(meanings) == 6
+                forbid: tuple[str, ...] = (), spec: EnvSpec | None = None) -> Path:
+    """A calibrate-stage checkpoint of the tiny model, as `calibrated.pt` in `run_dir`, on
+    Pong (with `forbid`) unless `spec` names another game."""
+    spec = spec if spec is not None else spec_for(forbid)
+    meanings = list(action_meanings(spec))
+    assert spec.game != "pong" or len(meanings) == 6
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = Checkpoint.from_model(
         model if model is not None else start_model(), stage="calibrate",
@@ -479,20 +480,15 @@ def test_selection_keeps_the_best_evaluation_and_the_latest_of_a_tie(
 
     monkeypatch.setattr(ppo_module._Trainer, "evaluate", fixed_move)
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
     torch.manual_seed(0)
-    model = PPOModel(spec.observation_shape, len(meanings), TINY)
-    save_checkpoint(run_dir / "calibrated.pt", Checkpoint.from_model(
-        model, stage="calibrate", action_meanings=meanings,
-        action_mask=action_mask(spec).tolist(), env_spec=spec.to_dict(),
-        steps={"epochs": 1, "samples": 32}))
+    write_start(run_dir, PPOModel(spec.observation_shape, len(meanings), TINY), spec=spec)
     config = tiny(4, eval_every=1, eval_episodes=2, eval_max_steps=200, eval_seed=20_000,
                   warmup_updates=0, warmup_ramp_updates=0, kl_coef=0.0)
-    selection = load_checkpoint(run_ppo(run_dir, config)).extra["selection"]
+    final = load_checkpoint(run_ppo(run_dir, config))
+    selection = final.extra["selection"]
     assert [(e["update"], e["mean"]) for e in selection["evaluations"]] == [
         (1, -2.5), (2, -2.0), (3, -2.0), (4, -3.0)]
     assert selection["update"] == 3 and selection["mean"] == -2.0
-    final = load_checkpoint(run_dir / "ppo.pt")
     for name, tensor in seen[3].items():
         assert torch.equal(final.state_dict[name], tensor), name
     assert any(not torch.equal(final.state_dict[k], seen[2][k]) for k in final.state_dict)
