@@ -55,6 +55,7 @@ def test_defaults_follow_machado_et_al():
     assert spec.episodic_life is False
     assert spec.reward_clipping is False
     assert spec.forbidden_actions == ()
+    assert spec.fire_reset is False
     assert spec.frame_shape == (84, 84)
     assert spec.observation_shape == (4, 84, 84)
     assert spec.env_id == "ALE/Pong-v5"
@@ -94,10 +95,12 @@ SPECS = [
             repeat_action_probability=0.0, full_action_space=True, max_episode_frames=1000,
             episodic_life=True, reward_clipping=True, forbidden_actions=("FIRE", "UP")),
     EnvSpec(game="space_invaders", forbidden_actions=("FIRE",)),
+    EnvSpec(game="breakout", fire_reset=True),
 ]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=["default", "everything-changed", "invaders"])
+@pytest.mark.parametrize("spec", SPECS,
+                         ids=["default", "everything-changed", "invaders", "fire-reset"])
 def test_json_and_dict_round_trip(spec):
     text = spec.to_json()
     assert EnvSpec.from_json(text) == spec
@@ -431,6 +434,91 @@ def test_make_env_reward_clipping_and_episodic_life():
     assert lives_life == 4, "episodic_life ends the episode at the first lost life"
     assert lives_game == 0
     assert t_life < t_game
+
+
+# -- fire_reset --------------------------------------------------------------------------
+
+BREAKOUT_MOVES = (0, 2, 3)  # NOOP, RIGHT, LEFT: never FIRE
+
+
+def test_fire_reset_serves_every_ball_on_the_single_env():
+    """A player that never presses FIRE waits forever in Breakout; with fire_reset each of
+    its five balls is served, falls past the paddle, and the game ends."""
+    def play(fire_reset: bool) -> tuple[int, int, bool]:
+        env = make_env(EnvSpec(game="breakout", fire_reset=fire_reset))
+        try:
+            _, info = env.reset(seed=0)
+            assert info["lives"] == 5
+            for t in range(1500):
+                _, _, terminated, truncated, info = env.step(0)
+                if terminated or truncated:
+                    return t, int(info["lives"]), terminated
+            return t, int(info["lives"]), False
+        finally:
+            env.close()
+
+    assert play(False) == (1499, 5, False), "without FIRE no ball is ever served"
+    steps, lives, terminated = play(True)
+    assert terminated and lives == 0
+    assert steps < 400, f"five served balls should fall within 400 steps, took {steps}"
+
+
+@pytest.mark.parametrize("same_step_reset", [True, False], ids=["same-step", "next-step"])
+def test_fire_reset_serves_every_ball_on_the_vector_env(same_step_reset):
+    """The same on each sub-env of the vector env, over several games in both reset modes:
+    the first action of every new game is FIRE too."""
+    def games_ended(fire_reset: bool) -> np.ndarray:
+        venv = make_vector_env(EnvSpec(game="breakout", fire_reset=fire_reset), 2,
+                               same_step_reset=same_step_reset)
+        try:
+            venv.reset(seed=0)
+            ends = np.zeros(2, dtype=int)
+            for _ in range(1200):
+                _, _, terminated, truncated, _ = venv.step(np.zeros(2, dtype=np.int64))
+                ends += terminated | truncated
+            return ends
+        finally:
+            venv.close()
+
+    assert games_ended(False).tolist() == [0, 0]
+    assert (games_ended(True) >= 3).all(), "every game's five balls are served"
+
+
+def test_fire_reset_replaces_only_the_serving_actions():
+    """fire_reset plays exactly as a player that presses FIRE itself on a game's first step
+    and on the first step after each lost life, and otherwise moves as told: the frames of
+    the two agree step for step over a whole game of random moves."""
+    spec = EnvSpec(game="breakout", **DETERMINISTIC)
+    served, plain = make_env(dataclasses.replace(spec, fire_reset=True)), make_env(spec)
+    try:
+        obs, info = served.reset(seed=0)
+        plain_obs, _ = plain.reset(seed=0)
+        np.testing.assert_array_equal(obs, plain_obs)
+        serve, lives, lost = True, info["lives"], 0
+        rng = np.random.default_rng(4)
+        for t in range(3000):
+            action = int(rng.choice(BREAKOUT_MOVES))
+            obs, reward, terminated, _, info = served.step(action)
+            plain_obs, plain_reward, plain_terminated, _, _ = plain.step(1 if serve else action)
+            np.testing.assert_array_equal(obs, plain_obs, err_msg=f"step {t}")
+            assert (reward, terminated) == (plain_reward, plain_terminated)
+            serve, lost = info["lives"] < lives, lost + (info["lives"] < lives)
+            lives = info["lives"]
+            if terminated:
+                break
+        assert terminated and lost == 5, f"a whole game of five balls, got {lost} in {t} steps"
+    finally:
+        served.close()
+        plain.close()
+
+
+def test_fire_reset_is_refused_where_it_cannot_apply():
+    with pytest.raises(EnvError, match="no FIRE action"):
+        make_env(EnvSpec(game="freeway", fire_reset=True))
+    with pytest.raises(EnvError, match="no FIRE action"):
+        make_vector_env(EnvSpec(game="freeway", fire_reset=True), 1)
+    with pytest.raises(EnvError, match="forbidden_actions forbids"):
+        EnvSpec(game="breakout", fire_reset=True, forbidden_actions=("FIRE",))
 
 
 # -- the two paths agree -----------------------------------------------------------------

@@ -121,6 +121,9 @@ def _spec_options(func):
         click.option("--noop-max", type=click.IntRange(0, 1000), default=30, show_default=True,
                      help="Most NOOP steps at an episode start."),
         click.option("--full-action-space", is_flag=True, help="Use all 18 joystick actions."),
+        click.option("--fire-reset", is_flag=True,
+                     help="Atari games that wait for FIRE to serve (Breakout): press FIRE "
+                          "as the first action of each game and after each lost life."),
         click.option("--forbid", "forbidden_actions", multiple=True, metavar="ACTION",
                      help="An action meaning the agent may never take (repeatable), e.g. FIRE."),
     ]
@@ -138,15 +141,16 @@ def _say(text: str) -> None:
 
 
 def _spec(game: str, repeat_action_probability: float, noop_max: int,
-          full_action_space: bool, forbidden_actions: tuple[str, ...], game_config: str = "",
-          rom_path: str | None = None):
+          full_action_space: bool, forbidden_actions: tuple[str, ...], fire_reset: bool = False,
+          game_config: str = "", rom_path: str | None = None):
     from .envs import EnvSpec, action_mask
     from .envs.roms import add_rom
 
     rom_sha256 = add_rom(rom_path)[0] if rom_path else ""
     spec = EnvSpec(game=game, repeat_action_probability=repeat_action_probability,
                    noop_max=noop_max, full_action_space=full_action_space,
-                   forbidden_actions=tuple(forbidden_actions), game_config=game_config,
+                   forbidden_actions=tuple(forbidden_actions), fire_reset=fire_reset,
+                   game_config=game_config,
                    rom_sha256=rom_sha256)
     action_mask(spec)  # a bad --forbid is an error before anything starts
     return spec
@@ -155,7 +159,7 @@ def _spec(game: str, repeat_action_probability: float, noop_max: int,
 def _given_spec_options(ctx: click.Context) -> list[str]:
     """The env options the user typed (not left at their defaults)."""
     names = ("game", "repeat_action_probability", "noop_max", "full_action_space",
-             "forbidden_actions", "game_config", "rom_path")
+             "forbidden_actions", "fire_reset", "game_config", "rom_path")
     return [name for name in names
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
 

@@ -258,16 +258,17 @@ def _check_scripted(env: EnvSpec, demos: DemoSource, bc: BCConfig) -> None:
 # -- state ------------------------------------------------------------------------------------
 
 
-LATER_OPTIONS = frozenset({"label_rollouts", "relabel_noise"})
+LATER_OPTIONS = frozenset({"label_rollouts", "relabel_noise", "fire_reset"})
 """Stage options added after run directories were made with this version's stages: a
 stage's fingerprint leaves each out while it holds its default, so that adding an option
 does not make every earlier run's stages stale (and rerun them). A test pins each stage's
 default fingerprint, so an option added without a place here fails it."""
 
 
-def _settings(config: Any) -> dict[str, Any]:
-    """What a stage's fingerprint covers of its config."""
-    settings = dataclasses.asdict(config)
+def _settings(config: Any, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a stage's fingerprint covers of its config (of `settings`, its dict form, when
+    given: the env spec's is `EnvSpec.to_dict()`)."""
+    settings = dataclasses.asdict(config) if settings is None else dict(settings)
     for item in dataclasses.fields(config):
         if item.name in LATER_OPTIONS and settings[item.name] == item.default:
             del settings[item.name]
@@ -417,8 +418,8 @@ class PipelineRun:
             return {"episodes": len(returns), "steps": sum(e["length"] for e in result.episodes),
                     "mean_return": sum(returns) / len(returns)}
 
-        self._stage("record", [_settings(p.demos), spec.to_dict()], [], demo_path,
-                    record_demos)
+        self._stage("record", [_settings(p.demos), _settings(spec, spec.to_dict())], [],
+                    demo_path, record_demos)
         return demo_path
 
     @staticmethod

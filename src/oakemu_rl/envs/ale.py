@@ -97,6 +97,74 @@ class FrameStack(gym.Wrapper):
         return self._stack.copy(), reward, terminated, truncated, info
 
 
+def _fire_action(spec: EnvSpec) -> int:
+    """The index of FIRE in the spec's action set (`fire_reset` presses it; `action_mask`,
+    which every env factory calls first, has refused a game without FIRE)."""
+    return ale_action_meanings(spec.game, spec.full_action_space).index("FIRE")
+
+
+class FireReset(gym.Wrapper):
+    """`spec.fire_reset` on the single env: the first action of a game and the first after
+    a lost life become FIRE. The action is replaced rather than an extra step taken, so
+    the vector env (`FireResetVector`) can do exactly the same and both stay frame for
+    frame alike; to the player the replaced step is one whose choice did not matter."""
+
+    def __init__(self, env: gym.Env, fire: int) -> None:
+        super().__init__(env)
+        self._fire = fire
+        self._serve = True
+        self._lives = 0
+
+    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self._serve, self._lives = True, int(info.get("lives", 0))
+        return obs, info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self._serve:
+            action, self._serve = self._fire, False
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = int(info.get("lives", 0))
+        self._serve = lives < self._lives and not (terminated or truncated)
+        self._lives = lives
+        return obs, reward, terminated, truncated, info
+
+
+class FireResetVector:
+    """`spec.fire_reset` on the vector env, sub-env by sub-env, as `FireReset` does it."""
+
+    def __init__(self, env: Any, fire: int, *, same_step_reset: bool) -> None:
+        self.env = env
+        self._fire = fire
+        self._same_step = same_step_reset
+        self._serve = np.ones(env.num_envs, dtype=bool)
+        self._resetting = np.zeros(env.num_envs, dtype=bool)
+        self._lives = np.zeros(env.num_envs, dtype=np.int64)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self._serve[:], self._resetting[:] = True, False
+        self._lives = np.asarray(info["lives"]).astype(np.int64)
+        return obs, info
+
+    def step(self, actions: np.ndarray) -> tuple[Any, ...]:
+        actions = np.where(self._serve, self._fire, actions).astype(actions.dtype)
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        done = np.asarray(terminated) | np.asarray(truncated)
+        lives = np.asarray(info["lives"]).astype(np.int64)
+        serve = (lives < self._lives) & ~done
+        if self._same_step:  # a finished game's next one starts with this observation
+            serve |= done
+        else:  # the step after a game's end only resets it; the new game's first is next
+            serve |= self._resetting
+            self._resetting = done
+        self._serve, self._lives = serve, lives
+        return obs, reward, terminated, truncated, info
+
+
 def make_ale_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     """A single preprocessed Atari env whose observations are (frame_stack, size, size) uint8.
 
@@ -114,7 +182,8 @@ def make_ale_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     )
     if spec.reward_clipping:
         env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
-    return FrameStack(env, spec.frame_stack)
+    env = FrameStack(env, spec.frame_stack)
+    return FireReset(env, _fire_action(spec)) if spec.fire_reset else env
 
 
 def make_ale_vector_env(
@@ -129,8 +198,9 @@ def make_ale_vector_env(
     """
     from ale_py.vector_env import AtariVectorEnv
 
+    fire = _fire_action(spec) if spec.fire_reset else None
     with _quiet_stderr():
-        return AtariVectorEnv(
+        env = AtariVectorEnv(
             game=spec.game,
             num_envs=num_envs,
             num_threads=num_threads,
@@ -149,3 +219,6 @@ def make_ale_vector_env(
             use_fire_reset=False,
             autoreset_mode="SameStep" if same_step_reset else "NextStep",
         )
+    if fire is None:
+        return env
+    return FireResetVector(env, fire, same_step_reset=same_step_reset)

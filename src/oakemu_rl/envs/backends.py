@@ -32,6 +32,9 @@ def action_mask(spec: EnvSpec) -> np.ndarray:
             f"cannot forbid {', '.join(unknown)}: {spec.game} has the actions "
             f"{', '.join(meanings)}"
         )
+    if spec.fire_reset and "FIRE" not in meanings:
+        raise EnvError(f"fire_reset presses FIRE, and {spec.game} has no FIRE action; "
+                       "leave fire_reset off for this game")
     mask = np.array([m not in spec.forbidden_actions for m in meanings], dtype=bool)
     if not mask.any():
         raise EnvError(f"the action mask forbids every action of {spec.game}")

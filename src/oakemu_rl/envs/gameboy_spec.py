@@ -63,6 +63,9 @@ def resolve(spec: Any) -> dict[str, Any]:
     if spec.full_action_space:
         raise EnvError("full_action_space is an Atari setting; a Game Boy game's buttons "
                        "come from its game config")
+    if spec.fire_reset:
+        raise EnvError("fire_reset is an Atari setting; a Game Boy game's start comes from "
+                       "its game config")
     digest, title = _rom(spec, config)
     return {"backend": "pyboy", "game": config.name, "game_config": config.to_json(),
             "rom_sha256": digest, "rom_title": title, "frame_skip": config.frames_per_action}

@@ -50,6 +50,10 @@ class EnvSpec:
     """Training only: rewards are clipped to their sign."""
     forbidden_actions: tuple[str, ...] = ()
     """Action meanings the agent may never take, e.g. ("FIRE",); they form the action mask."""
+    fire_reset: bool = False
+    """Atari games that wait for FIRE to serve (Breakout): the first action of every game
+    and the first after every lost life is FIRE, whatever the player chose, so a greedy
+    policy never waits forever with no ball in play."""
     game_config: str = ""
     """Game Boy: a game config TOML file (buttons, RAM rewards, episode ends, start); empty
     takes the config shipped for `game`. Stored as the config itself (JSON)."""
@@ -77,6 +81,9 @@ class EnvSpec:
             if self.rom_sha256 or self.rom_title:
                 raise EnvError("rom_sha256 and rom_title are Game Boy settings; "
                                f"{self.game} is an Atari game")
+            if self.fire_reset and "FIRE" in self.forbidden_actions:
+                raise EnvError("fire_reset presses FIRE, which forbidden_actions forbids; "
+                               "drop one of the two")
             object.__setattr__(self, "backend", "ale")
             object.__setattr__(self, "game", canonical_game(self.game))
         # Upper bounds too: a spec read from a file must not make one step or one reset
