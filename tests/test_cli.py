@@ -54,6 +54,15 @@ def test_forbidding_an_unknown_action_is_one_clear_line() -> None:
     assert len(result.output.strip().splitlines()) == 1
 
 
+def test_fire_reset_on_a_game_without_fire_is_one_clear_line() -> None:
+    result = CliRunner().invoke(cli, ["test", "--demonstrator", "scripted", "--game", "freeway",
+                                      "--fire-reset"])
+    assert result.exit_code != 0
+    assert result.output.strip().splitlines() == [
+        "Error: fire_reset presses FIRE, and freeway has no FIRE action; leave fire_reset off "
+        "for this game"]
+
+
 def test_every_stage_has_help() -> None:
     for args in (["record"], ["demos", "info"], ["bootstrap", "bc"], ["bootstrap", "calibrate"],
                  ["finetune", "ppo"], ["test"], ["export", "onnx"], ["pipeline", "run"]):
@@ -69,6 +78,7 @@ ENV_OPTIONS = [
     (["--noop-max", "0"], "--noop-max"),
     (["--full-action-space"], "--full-action-space"),
     (["--forbid", "FIRE"], "--forbid"),
+    (["--fire-reset"], "--fire-reset"),
 ]
 
 

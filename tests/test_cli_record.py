@@ -269,3 +269,14 @@ def test_cli_record_ends_a_bad_action_in_one_error_line(tmp_path: Path,
         result.output.strip().splitlines()[-1:]
     with DemoFile(out) as demo:
         assert [e.length for e in demo.episodes] == [10]
+
+
+def test_cli_record_fire_reset_is_stored_in_the_demo_file(tmp_path: Path) -> None:
+    """`--fire-reset` reaches the env spec every later stage reads from the demo file."""
+    out = tmp_path / "served.h5"
+    result = invoke("record", "--demonstrator", "scripted", "--game", "breakout",
+                    "--fire-reset", "--episodes", "1", "--max-steps", "10", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    with DemoFile(out) as demo:
+        assert demo.spec.fire_reset is True
+        assert demo.spec.game == "breakout"

@@ -150,8 +150,7 @@ def _spec(game: str, repeat_action_probability: float, noop_max: int,
     spec = EnvSpec(game=game, repeat_action_probability=repeat_action_probability,
                    noop_max=noop_max, full_action_space=full_action_space,
                    forbidden_actions=tuple(forbidden_actions), fire_reset=fire_reset,
-                   game_config=game_config,
-                   rom_sha256=rom_sha256)
+                   game_config=game_config, rom_sha256=rom_sha256)
     action_mask(spec)  # a bad --forbid is an error before anything starts
     return spec
 
