@@ -23,6 +23,7 @@ from oakemu_rl.demos.minari_io import (  # noqa: E402
     METADATA_KEY,
     ale_grayscale,
     export_minari,
+    gym_env_spec,
     import_minari,
     minari_game,
     resolve_demo_paths,
@@ -164,6 +165,45 @@ def test_round_trip_keeps_frames_actions_returns_and_metadata(tmp_path: Path) ->
         for i in range(3):
             for key in ("frames", "actions", "rewards", "terminations", "truncations"):
                 assert np.array_equal(copy.read(i, key), original.read(i, key)), key
+
+
+def test_fire_serving_travels_with_the_exported_env_and_back(tmp_path: Path) -> None:
+    """A fire_reset game's exported env serves as ours does, so a player who never presses
+    FIRE meets the same frames and loses the same lives; import reads the serving back,
+    from our metadata and, without it, from the env's wrappers."""
+    spec = EnvSpec(game="breakout", fire_reset=True)
+    demo = record_demo(tmp_path / "demos.h5", spec, [(5, "scripted", 60)])
+    export_minari(demo, "oak/breakout-fire-v0")
+    dataset = minari.load_dataset("oak/breakout-fire-v0")
+    recovered, ours = dataset.recover_environment(), make_env(spec)
+    frame, info = recovered.reset(seed=4)
+    stack, _ = ours.reset(seed=4)
+    never_fire = [a for a in range(len(action_meanings("breakout")))
+                  if action_meanings("breakout")[a] != "FIRE"]
+    for t in range(400):
+        action = never_fire[(t // 5) % len(never_fire)]
+        frame, reward, *_, info = recovered.step(action)
+        stack, reward_ours, *_, info_ours = ours.step(action)
+        assert np.array_equal(frame, stack[-1]) and reward == reward_ours
+        assert info["lives"] == info_ours["lives"]
+    assert info["lives"] < 5  # served balls fell: a never-FIRE player waits at 5 unserved
+    recovered.close()
+    ours.close()
+
+    back = import_minari("oak/breakout-fire-v0", tmp_path / "back.h5")
+    with DemoFile(back.path) as copy:
+        assert copy.spec.fire_reset
+
+    env = gym.make(gym_env_spec(spec))  # the same env, recorded without our metadata
+    collector = minari.DataCollector(env, jpeg_encoding=False)
+    collector.reset(seed=2)
+    for t in range(30):
+        collector.step(never_fire[t % len(never_fire)])
+    quiet_create(collector, "tests/breakout-served-v0")
+    collector.close()
+    derived = import_minari("tests/breakout-served-v0", tmp_path / "derived.h5")
+    with DemoFile(derived.path) as copy:
+        assert copy.spec.fire_reset and copy.spec.game == "breakout"
 
 
 def test_export_refuses_an_existing_dataset_and_leaves_it(tmp_path: Path,

@@ -76,6 +76,7 @@ DEFAULT_RECORDER = "policy"
 _ALE_ENTRY_POINTS = ("ale_py.env:AtariEnv", "ale_py.env.gym:AtariEnv", "ale_py:AtariEnv")
 _PREPROCESSING = "gymnasium.wrappers.atari_preprocessing:AtariPreprocessing"
 _FRAME_STACK = "gymnasium.wrappers.stateful_observation:FrameStackObservation"
+_FIRE_RESET = "oakemu_rl.envs.ale:FireReset"
 _HARMLESS_WRAPPERS = ("RecordEpisodeStatistics",)
 _BATCH_FRAMES = 20_000
 
@@ -150,8 +151,9 @@ def _ale_version() -> str:
 
 def gym_env_spec(spec: EnvSpec) -> Any:
     """A gymnasium env spec that `gym.make` turns into `spec`'s game with its preprocessing:
-    the ALE env at frame skip 1 under `AtariPreprocessing` (one 84x84 frame per step; the
-    frame stack, action mask and training-only switches live in our metadata)."""
+    the ALE env at frame skip 1 under `AtariPreprocessing` (one 84x84 frame per step), and
+    our FIRE serving when the spec has `fire_reset` (so gym.make needs this package then).
+    The frame stack, action mask and training-only switches live in our metadata."""
     from gymnasium.envs.registration import EnvSpec as GymEnvSpec
     from gymnasium.envs.registration import WrapperSpec
 
@@ -176,8 +178,13 @@ def gym_env_spec(spec: EnvSpec) -> Any:
             "scale_obs": False,
         },
     )
+    wrappers = (preprocessing,)
+    if spec.fire_reset:  # the serving changes what a player's actions do, so the env carries it
+        wrappers += (WrapperSpec(name="FireReset", entry_point=_FIRE_RESET,
+                                 kwargs={"fire": action_meanings(
+                                     spec.game, spec.full_action_space).index("FIRE")}),)
     return GymEnvSpec(id=spec.env_id, entry_point=_ALE_ENTRY_POINTS[0], kwargs=kwargs,
-                      additional_wrappers=(preprocessing,))
+                      additional_wrappers=wrappers)
 
 
 def _export_target(dataset_id: str) -> Path:
@@ -380,7 +387,8 @@ def _frame_wrappers(env_spec: Any, dataset_id: str) -> tuple[Any, Any]:
     refuse = functools.partial(_refuse, dataset_id)
     wrappers = list(env_spec.additional_wrappers or ())
     names = [w.name for w in wrappers]
-    unknown = [w.name for w in wrappers if _wrapper_entry(w) not in (_PREPROCESSING, _FRAME_STACK)
+    known = (_PREPROCESSING, _FRAME_STACK, _FIRE_RESET)
+    unknown = [w.name for w in wrappers if _wrapper_entry(w) not in known
                and w.name not in _HARMLESS_WRAPPERS]
     if unknown:
         raise refuse(f"its env has the wrapper {unknown[0]}, whose effect on frames this "
@@ -391,6 +399,21 @@ def _frame_wrappers(env_spec: Any, dataset_id: str) -> tuple[Any, Any]:
                               names.index(stack.name) < names.index(preprocessing.name)):
         raise refuse("its frames are stacked raw frames, which fit no preprocessing")
     return preprocessing, stack
+
+
+def _fire_reset(env_spec: Any, values: dict[str, Any], dataset_id: str) -> bool:
+    """Whether the env serves with FIRE (our FireReset wrapper), refusing one that presses
+    another action."""
+    wrapper = next((w for w in env_spec.additional_wrappers or ()
+                    if _wrapper_entry(w) == _FIRE_RESET), None)
+    if wrapper is None:
+        return False
+    meanings = action_meanings(values["game"], values["full_action_space"])
+    fire = (wrapper.kwargs or {}).get("fire")
+    if "FIRE" not in meanings or fire != meanings.index("FIRE"):
+        raise _refuse(dataset_id, f"its env serves with action {fire!r}, which is not FIRE "
+                      f"in {values['game']}'s action set")
+    return True
 
 
 def _base_values(kwargs: dict[str, Any], game: str) -> dict[str, Any]:
@@ -493,7 +516,7 @@ def _adopted_spec(dataset: Any, derived: EnvSpec, mode: str) -> tuple[EnvSpec, A
             getattr(theirs, name) == getattr(derived, name)
             for name in ("game", "frame_skip", "screen_size", "noop_max",
                          "repeat_action_probability", "full_action_space",
-                         "max_episode_frames"))
+                         "max_episode_frames", "fire_reset"))
         if frames_same and mode == "preprocessed":
             spec = theirs
             recorders = ours.get("recorders")
@@ -507,6 +530,7 @@ def _plan(dataset: Any, dataset_id: str, *, frame_skip: int | None, screen_size:
     action_space, shape, raw_skip = _checked_spaces(dataset, dataset_id, kwargs, allow_jpeg)
     preprocessing, stack = _frame_wrappers(env_spec, dataset_id)
     values = _base_values(kwargs, game)
+    values["fire_reset"] = _fire_reset(env_spec, values, dataset_id)
     stacked = newaxis = False
     if preprocessing is not None:
         more, stacked, newaxis = _preprocessed_values(preprocessing, stack, shape, dataset_id,

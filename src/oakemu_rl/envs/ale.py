@@ -103,14 +103,17 @@ def _fire_action(spec: EnvSpec) -> int:
     return ale_action_meanings(spec.game, spec.full_action_space).index("FIRE")
 
 
-class FireReset(gym.Wrapper):
+class FireReset(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """`spec.fire_reset` on the single env: the first action of a game and the first after
     a lost life become FIRE. The action is replaced rather than an extra step taken, so
     the vector env (`FireResetVector`) can do exactly the same and both stay frame for
     frame alike; to the player the replaced step is one whose choice did not matter."""
 
     def __init__(self, env: gym.Env, fire: int) -> None:
-        super().__init__(env)
+        # The recorded argument puts FIRE's index into the env spec of a gym.make'd env, so
+        # a dataset recorded from it names the serving (demos.minari_io reads it back).
+        gym.utils.RecordConstructorArgs.__init__(self, fire=fire)
+        gym.Wrapper.__init__(self, env)
         self._fire = fire
         self._serve = True
         self._lives = 0
