@@ -3,12 +3,14 @@
     .venv/bin/oakemu pipeline run pipelines/pong.toml          # makes data/runs/pong
     .venv/bin/python benchmarks/learning_results.py --source data/runs/pong --seeds 0 1 2
 
-Three arms fine-tune with the same PPO step budget, recipe and seeds:
+The arms fine-tune with the same PPO step budget, recipe and seeds:
 
-    full     calibrated.pt with the pipeline's warm-start guards (critic-first warm-up,
-             KL anchor, BC loss when the pipeline turns it on)
-    naive    bc.pt straight into PPO: no calibration, no guards
-    scratch  a fresh model (plain PPO)
+    full          calibrated.pt with the pipeline's warm-start guards (critic-first
+                  warm-up, KL anchor, BC loss when the pipeline turns it on)
+    uncalibrated  bc.pt with the guards: the ablation of calibration alone
+    unguarded     calibrated.pt without the guards: the ablation of the guards alone
+    naive         bc.pt straight into PPO: no calibration, no guards
+    scratch       a fresh model (plain PPO)
 
 Every `--eval-every` updates the policy plays `--eval-episodes` greedy whole games; at the
 end each `ppo.pt`, the BC policy and the scripted demonstrator play `--final-episodes`
@@ -45,8 +47,17 @@ from pathlib import Path
 
 import numpy as np
 
-ARMS = ("full", "naive", "scratch")
+ARMS = ("full", "uncalibrated", "unguarded", "naive", "scratch")
 GUARDS_OFF = {"warmup_updates": 0, "warmup_ramp_updates": 0, "kl_coef": 0.0, "bc_coef": 0.0}
+CALIBRATED = ("full", "unguarded")
+GUARDED = ("full", "uncalibrated")
+
+
+def arm_start(arm: str) -> tuple[str, dict]:
+    """The file an arm starts from in the source run directory, and the PPO settings it
+    changes from the pipeline's recipe."""
+    return ("calibrated.pt" if arm in CALIBRATED else "bc.pt",
+            ({} if arm in GUARDED else GUARDS_OFF) | {"from_scratch": arm == "scratch"})
 EARLY_SHARE = 0.2
 """The start of fine-tuning where a collapse is looked for (the first 20% of the steps)."""
 
@@ -84,13 +95,14 @@ def run_arm(arm: str, seed: int, args: dict) -> dict:
     source = Path(args["source"])
     run_dir = Path(args["out"]) / f"{arm}-s{seed}"
     early_only = args["early_only"]
-    settings = (GUARDS_OFF if arm != "full" else {}) | {
+    start_file, changes = arm_start(arm)
+    settings = changes | {
         "total_steps": args["steps"], "eval_every": args["eval_every"],
         "eval_episodes": args["eval_episodes"], "seed": seed, "threads": 1,
         # ppo_last.pt every 25 updates: a run killed with its session resumes from there
-        "checkpoint_every": 25, "from_scratch": arm == "scratch"}
+        "checkpoint_every": 25}
     config = dataclasses.replace(load_pipeline(args["pipeline"]).ppo, **settings)
-    checkpoint = source / ("calibrated.pt" if arm == "full" else "bc.pt")
+    checkpoint = source / start_file
     start = time.perf_counter()
     earlier = _read_result(run_dir)
     path = finetune_ppo(config, run_dir=run_dir, checkpoint=checkpoint, device="cpu",
@@ -250,7 +262,8 @@ def _plot(results: list[dict], reference: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colours = {"full": "tab:green", "naive": "tab:orange", "scratch": "tab:blue"}
+    colours = {"full": "tab:green", "uncalibrated": "tab:purple", "unguarded": "tab:red",
+               "naive": "tab:orange", "scratch": "tab:blue"}
     start = reference["start"]["mean"]
     for arm in ARMS:
         runs = [r for r in results if r["arm"] == arm]

@@ -75,3 +75,15 @@ def test_paused_runs_report_where_they_paused_and_resume_for_a_whole_run(
     assert not learning_results._done(run_dir, early_only=False)  # resumed to the end
     (run_dir / "result.json").write_text(json.dumps(_run("full", [])))
     assert learning_results._done(run_dir, early_only=False)
+
+
+def test_each_arm_starts_from_its_file_with_its_guards() -> None:
+    """The ablations change one thing each: calibration (the start file) or the guards."""
+    start = {arm: learning_results.arm_start(arm) for arm in learning_results.ARMS}
+    guards_off = learning_results.GUARDS_OFF
+    assert start["full"] == ("calibrated.pt", {"from_scratch": False})
+    assert start["uncalibrated"] == ("bc.pt", {"from_scratch": False})
+    assert start["unguarded"] == ("calibrated.pt", guards_off | {"from_scratch": False})
+    assert start["naive"] == ("bc.pt", guards_off | {"from_scratch": False})
+    assert start["scratch"][1]["from_scratch"] is True
+    assert all(guards_off[k] == 0 for k in ("warmup_updates", "kl_coef", "bc_coef"))
