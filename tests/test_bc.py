@@ -295,7 +295,8 @@ def test_bc_config_rejects_out_of_range_options() -> None:
     for bad in ({"epochs": 0}, {"lr": 0.0}, {"label_smoothing": 1.0}, {"augment_shift": 17},
                 {"head_gain": -1.0}, {"val_fraction": 1.0}, {"lr_schedule": "step"},
                 {"precision": "fp16"}, {"relabel_episodes": -1}, {"relabel_rounds": 0},
-                {"relabel_epochs": 0}, {"relabel_epochs": (2, 3)}, {"relabel_seed": -1}):
+                {"relabel_epochs": 0}, {"relabel_epochs": (2, 3)}, {"relabel_seed": -1},
+                {"sharpen": 0.0}, {"sharpen": -2.0}):
         with pytest.raises(ConfigError):
             BCConfig(**bad)
     # The demo files are an argument of train_bc now; none at all is still refused.
@@ -440,6 +441,32 @@ def test_bc_is_deterministic_on_cpu(tmp_path: Path) -> None:
     metrics_b = read_metrics(tmp_path / "b" / "bc_metrics.jsonl")
     strip = lambda rs: [{k: v for k, v in r.items() if "per_second" not in k} for r in rs]  # noqa: E731
     assert strip(metrics_a) == strip(metrics_b)
+
+
+def test_sharpen_scales_the_saved_logits_and_nothing_else(tmp_path: Path) -> None:
+    """The same training with `sharpen` 3 saves the policy head times 3 and the rest as
+    it is: the same greedy actions, sharper sampling, the same validation record."""
+    demo = visible_demo(tmp_path / "d.h5", lengths=(200, 200, 200))
+    start = small_checkpoint(tmp_path / "start.pt")
+    plain, sharp = (load_checkpoint(run_bc(demo, tmp_path / name, start, epochs=2, seed=5,
+                                           val_fraction=0.34, sharpen=k))
+                    for name, k in (("plain", 1.0), ("sharp", 3.0)))
+    for key, value in plain.state_dict.items():
+        expected = 3 * value if key.startswith("policy_head.") else value
+        torch.testing.assert_close(sharp.state_dict[key], expected, rtol=1e-6, atol=0)
+    assert sharp.config["sharpen"] == 3.0
+    learning = [{k: v for k, v in c.extra["metrics"].items() if "per_second" not in k}
+                for c in (plain, sharp)]
+    assert learning[0] == learning[1] and "bc/val_loss" in learning[0]
+    with DemoFile(demo) as file:
+        obs = torch.from_numpy(np.stack([file.observation(0, t) for t in range(100)]))
+    mask = plain.action_mask_tensor()
+    with torch.no_grad():
+        a, b = (m.masked_logits(m.get_logits(obs), mask)
+                for m in (plain.build_model(), sharp.build_model()))
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    # Sampling picks the greedy action more often on every frame.
+    assert (b.softmax(-1).amax(-1) > a.softmax(-1).amax(-1)).all()
 
 
 def test_stored_split_and_early_stopping_keep_the_best_epoch(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ calibration fits it next. The best epoch by validation loss is saved as `bc.pt`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import time
@@ -82,6 +83,10 @@ class BCConfig:
     head_gain: float = 1.0
     """Fresh model: re-initialise the policy head with this orthogonal gain before training
     (0 keeps PPO's near-uniform 0.01 init, under which BC sits at the action prior)."""
+    sharpen: float = 1.0
+    """Multiply the saved clone's policy logits by this: its greedy play stays the same,
+    and above 1 its sampled play, which calibration and PPO start from, comes closer to
+    the greedy play (a clone fitted to a person's hesitations samples them as jitter)."""
     relabel_episodes: int = 0
     """Relabelling (DAgger): after BC, the clone plays this many games while the scripted
     demonstrator labels every frame with what it would do, and a fresh BC trains on the
@@ -111,6 +116,7 @@ class BCConfig:
             ("patience", self.patience >= 0, "≥ 0"),
             ("max_grad_norm", self.max_grad_norm >= 0, "≥ 0"),
             ("head_gain", 0 <= self.head_gain <= 10, "from 0 to 10"),
+            ("sharpen", 0 < self.sharpen <= 100, "in (0, 100]"),
             ("cache_mb", self.cache_mb >= 0, "≥ 0"),
             ("block_size", self.block_size >= 1, "≥ 1"),
             ("shuffle_blocks", self.shuffle_blocks >= 1, "≥ 1"),
@@ -413,12 +419,24 @@ class _BCRun:
             return True
         return False
 
+    def _shipped(self) -> PPOModel:
+        """The model as bc.pt holds it: training goes on with the fitted logits, and the
+        saved clone has them multiplied by `sharpen`."""
+        if self.config.sharpen == 1:
+            return self.model
+        model = copy.deepcopy(self.model)
+        with torch.no_grad():
+            for parameter in model.policy_head.parameters():
+                parameter.mul_(self.config.sharpen)
+        return model
+
     def _save(self, epoch: int, record: dict, files: list[str]) -> None:
-        digests = distributed.weight_digests(self.world, self.model)
+        model = self._shipped()
+        digests = distributed.weight_digests(self.world, model)
         if not self.world.is_main:
             return
         save_checkpoint(self.path, Checkpoint.from_model(
-            self.model, stage="bc", action_meanings=self.meanings,
+            model, stage="bc", action_meanings=self.meanings,
             action_mask=self.mask_np.tolist(), env_spec=self.spec.to_dict(),
             steps={"epochs": epoch, "updates": self.step, "samples": self.samples},
             config=dataclasses.asdict(self.config)
