@@ -52,14 +52,15 @@ GUARDS_OFF = {"warmup_updates": 0, "warmup_ramp_updates": 0, "kl_coef": 0.0, "bc
 CALIBRATED = ("full", "unguarded")
 GUARDED = ("full", "uncalibrated")
 
+EARLY_SHARE = 0.2
+"""The start of fine-tuning where a collapse is looked for (the first 20% of the steps)."""
+
 
 def arm_start(arm: str) -> tuple[str, dict]:
     """The file an arm starts from in the source run directory, and the PPO settings it
     changes from the pipeline's recipe."""
     return ("calibrated.pt" if arm in CALIBRATED else "bc.pt",
             ({} if arm in GUARDED else GUARDS_OFF) | {"from_scratch": arm == "scratch"})
-EARLY_SHARE = 0.2
-"""The start of fine-tuning where a collapse is looked for (the first 20% of the steps)."""
 
 
 _WATCHING = False

@@ -56,6 +56,7 @@ import numpy as np
 
 from .. import __version__
 from ..envs import EnvSpec, action_meanings
+from ..envs.ale import fire_action
 from ..errors import ConfigError, DemoFileError, EnvError, OakEmuError
 from .reader import DemoFile
 from .schema import RECORDERS
@@ -181,8 +182,7 @@ def gym_env_spec(spec: EnvSpec) -> Any:
     wrappers = (preprocessing,)
     if spec.fire_reset:  # the serving changes what a player's actions do, so the env carries it
         wrappers += (WrapperSpec(name="FireReset", entry_point=_FIRE_RESET,
-                                 kwargs={"fire": action_meanings(
-                                     spec.game, spec.full_action_space).index("FIRE")}),)
+                                 kwargs={"fire": fire_action(spec)}),)
     return GymEnvSpec(id=spec.env_id, entry_point=_ALE_ENTRY_POINTS[0], kwargs=kwargs,
                       additional_wrappers=wrappers)
 

@@ -97,7 +97,7 @@ class FrameStack(gym.Wrapper):
         return self._stack.copy(), reward, terminated, truncated, info
 
 
-def _fire_action(spec: EnvSpec) -> int:
+def fire_action(spec: EnvSpec) -> int:
     """The index of FIRE in the spec's action set (`fire_reset` presses it; `action_mask`,
     which every env factory calls first, has refused a game without FIRE)."""
     return ale_action_meanings(spec.game, spec.full_action_space).index("FIRE")
@@ -186,7 +186,7 @@ def make_ale_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     if spec.reward_clipping:
         env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
     env = FrameStack(env, spec.frame_stack)
-    return FireReset(env, _fire_action(spec)) if spec.fire_reset else env
+    return FireReset(env, fire_action(spec)) if spec.fire_reset else env
 
 
 def make_ale_vector_env(
@@ -201,7 +201,7 @@ def make_ale_vector_env(
     """
     from ale_py.vector_env import AtariVectorEnv
 
-    fire = _fire_action(spec) if spec.fire_reset else None
+    fire = fire_action(spec) if spec.fire_reset else None
     with _quiet_stderr():
         env = AtariVectorEnv(
             game=spec.game,
