@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -162,6 +163,88 @@ def test_greedy_engines_play_the_same_actions() -> None:
     assert np.array_equal(frozen.logits(observation[None]), before)
     with pytest.raises(ConfigError, match="unknown greedy engine"):
         greedy_agent(model, mask, engine="fast")
+
+
+@pytest.mark.parametrize("engine", ["onnx", "torch"])
+def test_sampled_play_draws_from_the_masked_policy_and_replays_by_seed(
+    tmp_path: Path, engine: str
+) -> None:
+    """`sample=True` draws each action from the softmax over the allowed actions: a policy
+    whose probabilities are set by its bias alone plays them in proportion, never the
+    forbidden one however likely the logits make it, and the same game seeds replay the
+    same draws while other seeds draw otherwise."""
+    spec = EnvSpec(game="pong", forbidden_actions=("FIRE",))
+    torch.manual_seed(0)
+    model = PPOModel(spec.observation_shape, 6)
+    # NOOP, FIRE, RIGHT, LEFT, RIGHTFIRE, LEFTFIRE: FIRE is the likeliest and forbidden
+    wanted = np.array([0.5, 0.0, 0.3, 0.2, 0.0, 0.0])
+    with torch.no_grad():
+        model.policy_head.weight.zero_()
+        model.policy_head.bias.copy_(torch.tensor([np.log(0.5), 3.0, np.log(0.3),
+                                                   np.log(0.2), -30.0, -30.0]))
+    path = _save(tmp_path, spec, model)
+    config = EvalConfig(episodes=2, max_steps=600, seed=11)
+
+    def play(sample: bool, seed: int = 11) -> list[list[int]]:
+        agent, loaded = load_policy_agent(path, device="cpu", engine=engine, sample=sample)
+        recording = Recording(agent)
+        evaluate(recording, loaded, EvalConfig(episodes=2, max_steps=600, seed=seed),
+                 progress=False)
+        return recording.episodes
+
+    greedy = play(False)
+    assert {a for episode in greedy for a in episode} == {0}  # argmax of the allowed ones
+
+    sampled = play(True)
+    actions = np.array([a for episode in sampled for a in episode])
+    frequencies = np.bincount(actions, minlength=6) / actions.size
+    assert actions.size == 1200 and frequencies[1] == 0.0
+    # 1200 draws: each frequency within about 4 standard errors of its probability
+    assert np.abs(frequencies - wanted).max() < 0.06, frequencies
+    assert play(True) == sampled
+    assert play(True, seed=config.seed + 5) != sampled
+
+
+def test_oakemu_test_sample_plays_the_checkpoint_and_its_export_by_their_draws(
+    tmp_path: Path
+) -> None:
+    """`oakemu test --sample` reaches both players: a policy that never fires when greedy
+    fires on about half its steps when sampled, and reruns print the same scores."""
+    from click.testing import CliRunner
+
+    from oakemu_rl.cli import cli
+    from oakemu_rl.export import export_onnx
+
+    spec = EnvSpec(game="pong")
+    torch.manual_seed(0)
+    model = PPOModel(spec.observation_shape, 6)
+    with torch.no_grad():  # NOOP 0.55, FIRE 0.45: greedy never fires
+        model.policy_head.weight.zero_()
+        model.policy_head.bias.copy_(torch.tensor([0.2, 0.0, -30.0, -30.0, -30.0, -30.0]))
+    path = _save(tmp_path, spec, model)
+    export_onnx(path, tmp_path / "policy.onnx", verify_frames=8)
+    args = ["test", str(path), "--onnx", str(tmp_path / "policy.onnx"), "--episodes", "1",
+            "--max-steps", "400", "--seed", "3"]
+    greedy = CliRunner().invoke(cli, args)
+    assert greedy.exit_code == 0, greedy.output
+    assert "ALE/Pong-v5, greedy, 1 episode(s), seed 3" in greedy.stdout.splitlines()
+    sampled = CliRunner().invoke(cli, [*args, "--sample"])
+    assert sampled.exit_code == 0, sampled.output
+    assert "ALE/Pong-v5, sampled, 1 episode(s), seed 3" in sampled.stdout.splitlines()
+    runs = [json.loads(CliRunner().invoke(cli, [*args, "--sample", "--json"]).stdout)
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+
+    from oakemu_rl.agents.onnx import load_onnx_agent
+
+    for sample, fired in ((False, (0, 0)), (True, (120, 280))):
+        players = [load_policy_agent(path, device="cpu", sample=sample)[0],
+                   load_onnx_agent(tmp_path / "policy.onnx", sample=sample)[0]]
+        for agent in players:
+            recording = Recording(agent)
+            evaluate(recording, spec, EvalConfig(episodes=1, max_steps=400, seed=3),
+                     progress=False)
+            assert fired[0] <= recording.episodes[0].count(FIRE) <= fired[1], sample
 
 
 @pytest.mark.parametrize(

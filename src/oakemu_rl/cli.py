@@ -445,13 +445,18 @@ def ppo(**options) -> None:
               help="Save the first episode as .mp4 or .gif.")
 @click.option("--onnx", "onnx_path", type=click.Path(path_type=str), default=None,
               help="Also (or instead) play an exported .onnx policy through onnxruntime.")
+@click.option("--sample", is_flag=True,
+              help="Draw each action from the policy instead of taking its argmax, as PPO's "
+                   "training games do (seeded by each game's seed, so reruns repeat).")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the scores as JSON.")
 @click.pass_context
 def test(ctx: click.Context, checkpoint: str | None, demonstrator: str | None, style: str,
          onnx_path: str | None, episodes: int, max_steps: int | None, seed: int,
-         video: str | None, device: str, as_json: bool, **spec_options) -> None:
-    """Score a checkpoint by greedy play (argmax of the masked logits).
+         video: str | None, sample: bool, device: str, as_json: bool,
+         **spec_options) -> None:
+    """Score a checkpoint by greedy play (argmax of the masked logits), or with --sample by
+    the policy's own draws.
 
     A checkpoint (or --onnx export) plays its own env spec: the env options (--game,
     --sticky, --noop-max, --full-action-space, --forbid) only choose the game of
@@ -478,11 +483,12 @@ def test(ctx: click.Context, checkpoint: str | None, demonstrator: str | None, s
         config, checkpoint=checkpoint, onnx=onnx_path,
         scripted_style=style if demonstrator == "scripted" else None,
         spec=_spec(**spec_options) if checkpoint is None and onnx_path is None else None,
-        video=video, device=device, progress=not as_json)
+        video=video, device=device, progress=not as_json, sample=sample)
     if as_json:
         click.echo(json.dumps({k: v.to_dict() for k, v in results.items()}, indent=2))
     else:
-        click.echo(f"{spec.env_id}, greedy, {episodes} episode(s), seed {seed}")
+        click.echo(f"{spec.env_id}, {'sampled' if sample else 'greedy'}, {episodes} "
+                   f"episode(s), seed {seed}")
         click.echo(format_table(results))
     if video:
         click.echo(f"video of the first episode: {video}")

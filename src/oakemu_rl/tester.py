@@ -217,11 +217,13 @@ def evaluate(agent: Agent, spec: EnvSpec, config: EvalConfig | None = None, *,
 def score_agents(config: EvalConfig, *, checkpoint: str | Path | None = None,
                  onnx: str | Path | None = None, scripted_style: str | None = None,
                  spec: EnvSpec | None = None, video: str | Path | None = None,
-                 device: str = "auto", progress: bool = True
+                 device: str = "auto", progress: bool = True, sample: bool = False
                  ) -> tuple[EnvSpec, dict[str, EvalResult]]:
     """What `oakemu test` plays: a checkpoint, an exported .onnx policy and the scripted
     demonstrator (in `scripted_style`), each on the same games, the first one filmed. A
-    checkpoint or export plays its own env spec; `spec` is only for the demonstrator alone."""
+    checkpoint or export plays its own env spec; `spec` is only for the demonstrator alone.
+    `sample` makes the policies draw their actions instead of taking the argmax (the
+    scripted demonstrator plays as it always does)."""
     from .agents import load_policy_agent
     from .agents.onnx import load_onnx_agent
     from .agents.scripted import make_demonstrator
@@ -231,11 +233,11 @@ def score_agents(config: EvalConfig, *, checkpoint: str | Path | None = None,
     results: dict[str, EvalResult] = {}
     played: EnvSpec | None = None
     if checkpoint is not None:
-        agent, played = load_policy_agent(checkpoint, device=device)
+        agent, played = load_policy_agent(checkpoint, device=device, sample=sample)
         results["checkpoint"] = evaluate(agent, played, config, video=video, progress=progress)
         video = None
     if onnx is not None:
-        agent, onnx_spec = load_onnx_agent(onnx)
+        agent, onnx_spec = load_onnx_agent(onnx, sample=sample)
         if played is not None:
             require_same_env(f"{onnx}", onnx_spec, agent.action_meanings, str(checkpoint),
                              played, agent.action_meanings,

@@ -81,6 +81,14 @@ def masked_argmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.where(mask, logits, -np.inf).argmax(axis=-1)
 
 
+def masked_softmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The policy's action probabilities: softmax over the last axis, zero where `mask` is
+    False (computed in float64, so the probabilities sum to 1 closely enough to draw from)."""
+    z = np.where(mask, np.asarray(logits, dtype=np.float64), -np.inf)
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
 class _Logits(nn.Module):
     """`PPOModel.get_logits` as a module's forward, for the tracer."""
 
@@ -123,7 +131,9 @@ def _json_entry(meta: dict[str, str], key: str, path: Path) -> Any:
 
 
 class OnnxPolicyAgent:
-    """Plays an exported model greedily: argmax of the logits over the allowed actions.
+    """Plays an exported model greedily (argmax of the logits over the allowed actions) or,
+    with `sample=True`, by drawing each action from the softmax over the allowed ones, from
+    a generator seeded with each game's seed so that the same games replay the same actions.
 
     Follows the tester's Agent protocol (`kind`, `reset`, `act`). Build it with
     `load_onnx_agent(path)` or `OnnxPolicyAgent(path)`; both refuse, with `OakEmuError`
@@ -132,7 +142,8 @@ class OnnxPolicyAgent:
 
     kind = "policy"
 
-    def __init__(self, path: str | Path, *, threads: int | None = None) -> None:
+    def __init__(self, path: str | Path, *, threads: int | None = None,
+                 sample: bool = False) -> None:
         self.path = path = Path(path)
         data, meta = _read_export(path)
         meanings, mask, shape, spec = _checked_metadata(meta, path)
@@ -148,10 +159,12 @@ class OnnxPolicyAgent:
         self.mask = np.asarray(mask, dtype=bool)
         self.observation_shape = tuple(shape)
         self.metadata = dict(meta)
+        self.sample = sample
+        self.rng = np.random.default_rng(0)
 
     @classmethod
     def from_model(cls, model: PPOModel, action_mask: np.ndarray, *,
-                   threads: int | None = None) -> OnnxPolicyAgent:
+                   threads: int | None = None, sample: bool = False) -> OnnxPolicyAgent:
         """A greedy agent for a live model: `get_logits` is traced in memory (no file, no
         metadata) and run by onnxruntime. On CPU at batch 1 this plays faster than the
         torch model (benchmarks/greedy_play.py); the weights are the model's as they are
@@ -167,6 +180,8 @@ class OnnxPolicyAgent:
         agent.mask = np.asarray(action_mask, dtype=bool)
         agent.observation_shape = tuple(model.observation_shape)
         agent.metadata = {}
+        agent.sample = sample
+        agent.rng = np.random.default_rng(0)
         return agent
 
     def logits(self, observations: np.ndarray) -> np.ndarray:
@@ -180,11 +195,13 @@ class OnnxPolicyAgent:
         return self.session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
 
     def reset(self, env: Any, seed: int) -> None:
-        pass  # greedy play: no state, no randomness
+        self.rng = np.random.default_rng(seed)
 
     def act(self, env: Any, observation: np.ndarray) -> int:
-        logits = self.logits(np.asarray(observation)[None])
-        return int(masked_argmax(logits[0], self.mask))
+        logits = self.logits(np.asarray(observation)[None])[0]
+        if not self.sample:
+            return int(masked_argmax(logits, self.mask))
+        return int(self.rng.choice(logits.shape[-1], p=masked_softmax(logits, self.mask)))
 
 
 def _read_export(path: Path) -> tuple[bytes, dict[str, str]]:
@@ -264,8 +281,9 @@ def _check_graph(session: Any, shape: list[int], actions: int, path: Path) -> No
 
 
 def load_onnx_agent(
-    path: str | Path, *, threads: int | None = None
+    path: str | Path, *, threads: int | None = None, sample: bool = False
 ) -> tuple[OnnxPolicyAgent, EnvSpec]:
-    """A greedy `OnnxPolicyAgent` for an exported model, and the env spec it was made for."""
-    agent = OnnxPolicyAgent(path, threads=threads)
+    """A greedy (or, with `sample`, sampling) `OnnxPolicyAgent` for an exported model, and
+    the env spec it was made for."""
+    agent = OnnxPolicyAgent(path, threads=threads, sample=sample)
     return agent, agent.spec

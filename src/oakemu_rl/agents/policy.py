@@ -23,8 +23,10 @@ GREEDY_ENGINES = ("auto", "torch", "onnx")
 
 
 def greedy_agent(model: PPOModel, action_mask: np.ndarray, *, device: str = "auto",
-                 engine: str = "auto") -> Agent:
-    """An agent that plays `model` greedily over the allowed actions.
+                 engine: str = "auto", sample: bool = False) -> Agent:
+    """An agent that plays `model` greedily over the allowed actions, or with `sample` draws
+    each action from the policy (seeded by each game's seed: the same games, the same
+    draws with one engine; the two engines draw from different generators).
 
     engine "onnx" runs the policy through onnxruntime on CPU, "torch" runs the model itself
     on `device`, and "auto" takes onnxruntime when the device resolves to the CPU: one
@@ -41,20 +43,22 @@ def greedy_agent(model: PPOModel, action_mask: np.ndarray, *, device: str = "aut
     if engine == "onnx" or (engine == "auto" and torch_device.type == "cpu"):
         from .onnx import OnnxPolicyAgent
 
-        return OnnxPolicyAgent.from_model(model, mask, threads=torch.get_num_threads())
-    return PolicyAgent(model, mask, greedy=True, device=torch_device)
+        return OnnxPolicyAgent.from_model(model, mask, threads=torch.get_num_threads(),
+                                          sample=sample)
+    return PolicyAgent(model, mask, greedy=not sample, device=torch_device)
 
 
 def load_policy_agent(
-    checkpoint_path: str | Path, device: str = "auto", *, engine: str = "auto"
+    checkpoint_path: str | Path, device: str = "auto", *, engine: str = "auto",
+    sample: bool = False
 ) -> tuple[Agent, EnvSpec]:
-    """A greedy agent for the checkpoint's model and mask (`greedy_agent`), and the
-    checkpoint's spec."""
+    """A greedy (or, with `sample`, sampling) agent for the checkpoint's model and mask
+    (`greedy_agent`), and the checkpoint's spec."""
     path = Path(checkpoint_path)
     checkpoint = load_checkpoint(path)
     spec = checkpoint_spec(checkpoint, path)
     torch_device = resolve_device(device)
     model = checkpoint.build_model(torch_device)
     agent = greedy_agent(model, np.asarray(checkpoint.action_mask, dtype=bool),
-                         device=device, engine=engine)
+                         device=device, engine=engine, sample=sample)
     return agent, spec
