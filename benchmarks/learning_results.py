@@ -278,9 +278,13 @@ def _plot(results: list[dict], reference: dict, path: Path) -> None:
         if arm != "scratch":
             steps, mean = [0, *steps], [start, *mean]
         ax.plot(steps, mean, "o-", ms=3, color=colours[arm], label=f"{arm} ({len(runs)} seeds)")
-    for name, style in (("bc", ":"), ("demonstrator", "--")):
+    # The curves play the selection games, where the clone's own score is `start`; the
+    # final games (bc, demonstrator) are other seeds, and the labels say which is which.
+    for name, label, style in (("start", "bc, selection games", "-."),
+                               ("bc", "bc, final games", ":"),
+                               ("demonstrator", "demonstrator, final games", "--")):
         ax.axhline(reference[name]["mean"], color="grey", ls=style, lw=1,
-                   label=f"{name} {reference[name]['mean']:+.1f}")
+                   label=f"{label} {reference[name]['mean']:+.1f}")
     ax.set(xlabel="PPO agent steps", ylabel="greedy game score",
            title="Pong: fine-tuning from the warm start vs the usual starts")
     ax.grid(alpha=0.3)
