@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -185,11 +185,10 @@ def test_sampled_play_draws_from_the_masked_policy_and_replays_by_seed(
     path = _save(tmp_path, spec, model)
     config = EvalConfig(episodes=2, max_steps=600, seed=11)
 
-    def play(sample: bool, seed: int = 11) -> list[list[int]]:
+    def play(sample: bool, seed: int = config.seed) -> list[list[int]]:
         agent, loaded = load_policy_agent(path, device="cpu", engine=engine, sample=sample)
         recording = Recording(agent)
-        evaluate(recording, loaded, EvalConfig(episodes=2, max_steps=600, seed=seed),
-                 progress=False)
+        evaluate(recording, loaded, dataclasses.replace(config, seed=seed), progress=False)
         return recording.episodes
 
     greedy = play(False)
@@ -208,19 +207,22 @@ def test_sampled_play_draws_from_the_masked_policy_and_replays_by_seed(
 def test_oakemu_test_sample_plays_the_checkpoint_and_its_export_by_their_draws(
     tmp_path: Path
 ) -> None:
-    """`oakemu test --sample` reaches both players: a policy that never fires when greedy
-    fires on about half its steps when sampled, and reruns print the same scores."""
+    """`oakemu test --sample` reaches both players: a policy that never moves when greedy
+    moves on about half its steps when sampled, which plays other games than the greedy
+    ones, and reruns print the same scores."""
     from click.testing import CliRunner
 
+    from oakemu_rl.agents.onnx import load_onnx_agent
     from oakemu_rl.cli import cli
     from oakemu_rl.export import export_onnx
 
+    right = 2  # Pong's RIGHT moves the paddle (FIRE alone would not change the game)
     spec = EnvSpec(game="pong")
     torch.manual_seed(0)
     model = PPOModel(spec.observation_shape, 6)
-    with torch.no_grad():  # NOOP 0.55, FIRE 0.45: greedy never fires
+    with torch.no_grad():  # NOOP 0.55, RIGHT 0.45: greedy never moves
         model.policy_head.weight.zero_()
-        model.policy_head.bias.copy_(torch.tensor([0.2, 0.0, -30.0, -30.0, -30.0, -30.0]))
+        model.policy_head.bias.copy_(torch.tensor([0.2, -30.0, 0.0, -30.0, -30.0, -30.0]))
     path = _save(tmp_path, spec, model)
     export_onnx(path, tmp_path / "policy.onnx", verify_frames=8)
     args = ["test", str(path), "--onnx", str(tmp_path / "policy.onnx"), "--episodes", "1",
@@ -231,20 +233,26 @@ def test_oakemu_test_sample_plays_the_checkpoint_and_its_export_by_their_draws(
     sampled = CliRunner().invoke(cli, [*args, "--sample"])
     assert sampled.exit_code == 0, sampled.output
     assert "ALE/Pong-v5, sampled, 1 episode(s), seed 3" in sampled.stdout.splitlines()
-    runs = [json.loads(CliRunner().invoke(cli, [*args, "--sample", "--json"]).stdout)
-            for _ in range(2)]
-    assert runs[0] == runs[1]
+    # Both lose every point at the same pace, so the film shows whether the paddle moved.
+    for player in ([str(path)], ["--onnx", str(tmp_path / "policy.onnx")]):
+        films = []
+        for n, extra in enumerate(([], ["--sample"], ["--sample"])):
+            video = tmp_path / f"{n}.gif"
+            result = CliRunner().invoke(cli, ["test", *player, "--episodes", "1",
+                                              "--max-steps", "120", "--seed", "3",
+                                              "--video", str(video), *extra])
+            assert result.exit_code == 0, result.output
+            films.append(video.read_bytes())
+        assert films[1] == films[2] and films[1] != films[0], player
 
-    from oakemu_rl.agents.onnx import load_onnx_agent
-
-    for sample, fired in ((False, (0, 0)), (True, (120, 280))):
+    for sample, moved in ((False, (0, 0)), (True, (120, 280))):
         players = [load_policy_agent(path, device="cpu", sample=sample)[0],
                    load_onnx_agent(tmp_path / "policy.onnx", sample=sample)[0]]
         for agent in players:
             recording = Recording(agent)
             evaluate(recording, spec, EvalConfig(episodes=1, max_steps=400, seed=3),
                      progress=False)
-            assert fired[0] <= recording.episodes[0].count(FIRE) <= fired[1], sample
+            assert moved[0] <= recording.episodes[0].count(right) <= moved[1], sample
 
 
 @pytest.mark.parametrize(
