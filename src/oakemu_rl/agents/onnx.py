@@ -153,36 +153,38 @@ class OnnxPolicyAgent:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise _bad(path, f"cannot be loaded by onnxruntime: {first_line[:200]}") from None
         _check_graph(session, shape, len(meanings), path)
-        self.session = session
-        self.spec = spec
-        self.action_meanings = tuple(meanings)
-        self.mask = np.asarray(mask, dtype=bool)
-        self.observation_shape = tuple(shape)
-        self.metadata = dict(meta)
-        self.sample = sample
-        self.rng = np.random.default_rng(0)
+        self._setup(session, mask, tuple(shape), spec=spec, meanings=tuple(meanings),
+                    metadata=dict(meta), sample=sample)
 
     @classmethod
     def from_model(cls, model: PPOModel, action_mask: np.ndarray, *,
                    threads: int | None = None, sample: bool = False) -> OnnxPolicyAgent:
-        """A greedy agent for a live model: `get_logits` is traced in memory (no file, no
-        metadata) and run by onnxruntime. On CPU at batch 1 this plays faster than the
-        torch model (benchmarks/greedy_play.py); the weights are the model's as they are
-        now, so later training does not reach the agent."""
+        """An agent for a live model (greedy, or drawing with `sample`): `get_logits` is
+        traced in memory (no file, no metadata) and run by onnxruntime. On CPU at batch 1
+        this plays faster than the torch model (benchmarks/greedy_play.py); the weights are
+        the model's as they are now, so later training does not reach the agent."""
         buffer = io.BytesIO()
-        trace_logits(copy.deepcopy(model).cpu().to(memory_format=torch.contiguous_format).eval(),
-               buffer)
+        plain = copy.deepcopy(model).cpu().to(memory_format=torch.contiguous_format).eval()
+        trace_logits(plain, buffer)
         agent = cls.__new__(cls)
         agent.path = None
-        agent.session = onnx_session(buffer.getvalue(), threads)
-        agent.spec = None
-        agent.action_meanings = ()
-        agent.mask = np.asarray(action_mask, dtype=bool)
-        agent.observation_shape = tuple(model.observation_shape)
-        agent.metadata = {}
-        agent.sample = sample
-        agent.rng = np.random.default_rng(0)
+        agent._setup(onnx_session(buffer.getvalue(), threads), action_mask,
+                     tuple(model.observation_shape), spec=None, meanings=(), metadata={},
+                     sample=sample)
         return agent
+
+    def _setup(self, session: Any, mask: Any, shape: tuple[int, ...], *,
+               spec: EnvSpec | None, meanings: tuple[str, ...], metadata: dict[str, str],
+               sample: bool) -> None:
+        """Every attribute but `path`, in one place for both ways of building the agent."""
+        self.session = session
+        self.spec = spec
+        self.action_meanings = meanings
+        self.mask = np.asarray(mask, dtype=bool)
+        self.observation_shape = shape
+        self.metadata = metadata
+        self.sample = sample
+        self.rng = np.random.default_rng(0)
 
     def logits(self, observations: np.ndarray) -> np.ndarray:
         """Raw logits, shape (batch, actions), for uint8 observations (batch, *shape)."""
