@@ -209,7 +209,7 @@ def test_oakemu_test_sample_plays_the_checkpoint_and_its_export_by_their_draws(
 ) -> None:
     """`oakemu test --sample` reaches both players: a policy that never moves when greedy
     moves on about half its steps when sampled, which plays other games than the greedy
-    ones, and reruns print the same scores."""
+    ones, and a rerun plays the same game again."""
     from click.testing import CliRunner
 
     from oakemu_rl.agents.onnx import load_onnx_agent
