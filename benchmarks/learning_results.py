@@ -28,6 +28,10 @@ exists is not run again, so adding seeds later only runs the new ones, and a run
 killed resumes from its last `ppo_last.pt` (written every 25 updates). Runs go `--jobs`
 at a time, one torch thread each.
 
+`--ppo KEY=VALUE` (repeatable) changes one `[ppo]` key of the pipeline's recipe for every
+arm, checked as the pipeline file would be (`--ppo kl_coef=1.0 --ppo ent_coef=0.003`);
+give such a variant its own `--out`, as finished runs there are not run again.
+
 `--early-only` pauses every run after the first 20% of its steps, with the schedules of
 the whole `--steps` (the ablation's collapse question needs no more), and skips the final
 games. Running again without it resumes those runs to the end.
@@ -41,6 +45,7 @@ import json
 import os
 import threading
 import time
+import tomllib
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -64,6 +69,33 @@ def arm_start(arm: str) -> tuple[str, dict]:
 
 
 _WATCHING = False
+
+
+BENCHMARK_KEYS = ("total_steps", "eval_every", "eval_episodes", "seed", "threads",
+                  "checkpoint_every", "from_scratch")
+"""[ppo] keys the benchmark sets itself, from its own options or per arm."""
+
+
+def ppo_overrides(items: list[str]) -> dict:
+    """`--ppo KEY=VALUE` pairs as checked PPOConfig values. VALUE is read as a TOML value
+    (`0.003`, `true`, `"linear"`), or else as a bare string."""
+    from oakemu_rl.configs import from_table
+    from oakemu_rl.finetune.ppo import PPOConfig
+
+    table = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--ppo {item!r} is not KEY=VALUE")
+        if key in BENCHMARK_KEYS:
+            raise ValueError(f"--ppo {key} is set by the benchmark itself (see its options)")
+        try:
+            table[key] = tomllib.loads(f"value = {text}")["value"]
+        except tomllib.TOMLDecodeError:
+            table[key] = text
+    config = from_table(PPOConfig, table, "ppo")
+    return {key: getattr(config, key) for key in table}
 
 
 def _exit_with_parent() -> None:
@@ -97,7 +129,7 @@ def run_arm(arm: str, seed: int, args: dict) -> dict:
     run_dir = Path(args["out"]) / f"{arm}-s{seed}"
     early_only = args["early_only"]
     start_file, changes = arm_start(arm)
-    settings = changes | {
+    settings = args["ppo_overrides"] | changes | {
         "total_steps": args["steps"], "eval_every": args["eval_every"],
         "eval_episodes": args["eval_episodes"], "seed": seed, "threads": 1,
         # ppo_last.pt every 25 updates: a run killed with its session resumes from there
@@ -310,11 +342,20 @@ def main() -> None:
     parser.add_argument("--goal", type=float, default=15.0)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="data/runs/bench-learning")
+    parser.add_argument("--ppo", action="append", default=[], metavar="KEY=VALUE",
+                        help="change one [ppo] key of the pipeline's recipe for every arm "
+                             "(repeatable)")
     parser.add_argument("--early-only", action="store_true",
                         help="pause each run after the first 20%% of --steps (the collapse "
                              "window) and skip its final games; a later run without this "
                              "flag resumes them")
     args = parser.parse_args()
+    from oakemu_rl.errors import OakEmuError
+
+    try:
+        args.ppo_overrides = ppo_overrides(args.ppo)
+    except (ValueError, OakEmuError) as error:
+        parser.error(str(error))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("bc.pt", "calibrated.pt"):

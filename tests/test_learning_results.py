@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
+from oakemu_rl.errors import ConfigError
 from oakemu_rl.finetune.ppo import PPOConfig
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "learning_results.py"
@@ -87,3 +90,20 @@ def test_each_arm_starts_from_its_file_with_its_guards() -> None:
     assert start["naive"] == ("bc.pt", guards_off | {"from_scratch": False})
     assert start["scratch"][1]["from_scratch"] is True
     assert all(guards_off[k] == 0 for k in ("warmup_updates", "kl_coef", "bc_coef"))
+
+
+def test_ppo_overrides_are_checked_as_the_pipeline_file_would_be() -> None:
+    """`--ppo KEY=VALUE` reads TOML values into PPOConfig's types, and refuses an unknown
+    key, a wrong type and the keys the benchmark sets itself."""
+    overrides = learning_results.ppo_overrides(["kl_coef=1", "ent_coef = 0.003",
+                                                "norm_adv=false"])
+    assert overrides == {"kl_coef": 1.0, "ent_coef": 0.003, "norm_adv": False}
+    assert isinstance(overrides["kl_coef"], float)
+    with pytest.raises(ConfigError, match=r"unknown key ppo\.kl_coeff"):
+        learning_results.ppo_overrides(["kl_coeff=1.0"])
+    with pytest.raises(ConfigError, match=r"ppo\.ent_coef"):
+        learning_results.ppo_overrides(["ent_coef=high"])
+    with pytest.raises(ValueError, match="set by the benchmark"):
+        learning_results.ppo_overrides(["seed=3"])
+    with pytest.raises(ValueError, match="not KEY=VALUE"):
+        learning_results.ppo_overrides(["kl_coef"])

@@ -15,7 +15,7 @@ from oakemu_rl.demos import DemoFile
 from oakemu_rl.errors import ConfigError
 from oakemu_rl.finetune.ppo import PPOConfig
 from oakemu_rl.metrics import read_metrics
-from oakemu_rl.pipeline import _same_policy, load_pipeline
+from oakemu_rl.pipeline import _same_policy, load_pipeline, ppo_progress
 
 TINY = """
 name = "tiny"
@@ -352,3 +352,24 @@ def test_default_stage_fingerprints_stay_what_earlier_runs_stored() -> None:
         assert _fingerprint(stage, _settings(config)) == fingerprint, (
             f"the {stage} stage's default fingerprint changed: name a new option in "
             "pipeline.LATER_OPTIONS")
+
+
+def test_the_report_sets_each_evaluation_beside_the_sampled_games_before_it() -> None:
+    """One row per greedy evaluation: the sampled training games and the mean entropy of
+    the updates since the evaluation before it, not of the whole run."""
+    records = [
+        {"step": 10, "charts/episodic_return": -21.0},
+        {"step": 16, "charts/update": 1, "losses/entropy": 1.0},
+        {"step": 20, "charts/episodic_return": -19.0},
+        {"step": 32, "charts/update": 2, "losses/entropy": 0.5, "eval/greedy_return": -3.0,
+         "eval/greedy_return_sem": 0.5, "eval/episodes": 20},
+        {"step": 48, "charts/update": 3, "losses/entropy": 0.25},
+        {"step": 64, "charts/update": 4, "losses/entropy": 0.75, "eval/greedy_return": 4.0,
+         "eval/greedy_return_sem": 1.0, "eval/episodes": 20},
+        {"step": 70, "charts/episodic_return": 5.0},
+    ]
+    header, rule, first, second = ppo_progress(records)
+    assert header.startswith("| step | update | greedy") and rule.startswith("| --- |")
+    assert first == "| 32 | 2 | -3.00 ± 0.50 (20 games) | -20.00 ± 1.00 (2 games) | 0.75 |"
+    assert second == "| 64 | 4 | +4.00 ± 1.00 (20 games) | no game ended | 0.50 |"
+    assert ppo_progress(records[:3]) == []  # no evaluation, no table

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import runs
 from .agents.play import EvalConfig, score_text
 from .bootstrap.bc import BCConfig, train_bc
@@ -563,15 +565,49 @@ def _score(score: Any) -> str:
     return f"{score:+.2f} (games and SE not recorded)"
 
 
+def ppo_progress(records: list[dict[str, Any]]) -> list[str]:
+    """A markdown table of a PPO run, one row per greedy evaluation: its selection games
+    beside the sampled training games and the policy's mean entropy since the evaluation
+    before. PPO learns from sampled play, and a policy whose entropy grows plays its sampled
+    games far below its greedy ones, which the curves alone do not show (docs/results.md,
+    "A smaller entropy bonus")."""
+    rows, sampled, entropy = [], [], []
+    for record in records:
+        if record.get("charts/episodic_return") is not None:
+            sampled.append(record["charts/episodic_return"])
+        if record.get("losses/entropy") is not None:
+            entropy.append(record["losses/entropy"])
+        if record.get("eval/greedy_return") is None:
+            continue
+        greedy = score_text(record["eval/greedy_return"], record.get("eval/greedy_return_sem"),
+                            record.get("eval/episodes", 0))
+        if sampled:
+            sem = float(np.std(sampled, ddof=1) / np.sqrt(len(sampled))) \
+                if len(sampled) > 1 else None
+            played = score_text(float(np.mean(sampled)), sem, len(sampled))
+        else:
+            played = "no game ended"
+        ent = f"{np.mean(entropy):.2f}" if entropy else "-"
+        update = record.get("charts/update", "")
+        rows.append(f"| {record['step']:,} | {update} | {greedy} | {played} | {ent} |")
+        sampled, entropy = [], []
+    if not rows:
+        return []
+    return ["| step | update | greedy (selection games) | sampled training games since the "
+            "evaluation before | mean policy entropy (nats) |",
+            "| --- | --- | --- | --- | --- |", *rows]
+
+
 def write_report(run_dir: Path, pipeline: Pipeline, results: dict[str, StageResult]) -> Path:
     """report.md with the summary table and PNG plots, beside the checkpoints."""
     from .metrics import read_metrics
     from .plots import plot_learning_curve
 
-    images = []
+    images, progress = [], []
     ppo_metrics = run_dir / "ppo_metrics.jsonl"
     if ppo_metrics.exists():
         records = read_metrics(ppo_metrics)
+        progress = ppo_progress(records)
         series = {
             label: [(r["step"], r[key]) for r in records if r.get(key) is not None]
             for label, key in (("training episodes (sampled actions)", "charts/episodic_return"),
@@ -586,6 +622,8 @@ def write_report(run_dir: Path, pipeline: Pipeline, results: dict[str, StageResu
             images.append((title, name))
     body = [f"# {pipeline.name}: {pipeline.env.env_id}", "", "```", summary_table(results),
             "```", ""]
+    if progress:
+        body += ["## PPO by evaluation", "", *progress, ""]
     for title, name in images:
         body += [f"## {title}", "", f"![{title}]({name})", ""]
     path = run_dir / "report.md"
