@@ -28,9 +28,10 @@ exists is not run again, so adding seeds later only runs the new ones, and a run
 killed resumes from its last `ppo_last.pt` (written every 25 updates). Runs go `--jobs`
 at a time, one torch thread each.
 
-`--ppo KEY=VALUE` (repeatable) changes one `[ppo]` key of the pipeline's recipe for every
-arm, checked as the pipeline file would be (`--ppo kl_coef=1.0 --ppo ent_coef=0.003`);
-give such a variant its own `--out`, as finished runs there are not run again.
+`--ppo KEY=VALUE` (repeatable) changes one `[ppo]` key of the pipeline's recipe, checked
+as the pipeline file would be (`--ppo kl_coef=1.0 --ppo ent_coef=0.003`). The arms without
+guards still turn every guard off, whatever `--ppo` gives them. Give such a variant its own
+`--out`, as finished runs there are not run again.
 
 `--early-only` pauses every run after the first 20% of its steps, with the schedules of
 the whole `--steps` (the ablation's collapse question needs no more), and skips the final
@@ -76,13 +77,19 @@ BENCHMARK_KEYS = ("total_steps", "eval_every", "eval_episodes", "seed", "threads
 """[ppo] keys the benchmark sets itself, from its own options or per arm."""
 
 
-def ppo_overrides(items: list[str]) -> dict:
-    """`--ppo KEY=VALUE` pairs as checked PPOConfig values. VALUE is read as a TOML value
-    (`0.003`, `true`, `"linear"`), or else as a bare string."""
-    from oakemu_rl.configs import from_table
+def ppo_overrides(items: list[str], base) -> dict:
+    """`--ppo KEY=VALUE` pairs as checked values of the pipeline's PPOConfig `base`. VALUE is
+    read as a TOML value (`0.003`, `true`, `"linear"`), or else as a bare string; the
+    changed recipe must pass PPOConfig's own checks, as the pipeline file would."""
+    import typing
+
+    from oakemu_rl.configs import coerce
+    from oakemu_rl.errors import ConfigError
     from oakemu_rl.finetune.ppo import PPOConfig
 
-    table = {}
+    hints = typing.get_type_hints(PPOConfig)
+    names = {f.name for f in dataclasses.fields(PPOConfig) if f.init}
+    values = {}
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip()
@@ -90,12 +97,22 @@ def ppo_overrides(items: list[str]) -> dict:
             raise ValueError(f"--ppo {item!r} is not KEY=VALUE")
         if key in BENCHMARK_KEYS:
             raise ValueError(f"--ppo {key} is set by the benchmark itself (see its options)")
+        if key not in names:
+            raise ConfigError(f"unknown key ppo.{key} (known: {', '.join(sorted(names))})")
         try:
-            table[key] = tomllib.loads(f"value = {text}")["value"]
+            value = tomllib.loads(f"value = {text}")["value"]
         except tomllib.TOMLDecodeError:
-            table[key] = text
-    config = from_table(PPOConfig, table, "ppo")
-    return {key: getattr(config, key) for key in table}
+            value = text
+        values[key] = coerce(f"ppo.{key}", hints[key], value)
+    dataclasses.replace(base, **values)  # PPOConfig's range checks, on the changed recipe
+    return values
+
+
+def recipe(args: dict):
+    """The PPOConfig every arm starts from: the pipeline file's [ppo] with `--ppo`'s keys."""
+    from oakemu_rl.pipeline import load_pipeline
+
+    return dataclasses.replace(load_pipeline(args["pipeline"]).ppo, **args["ppo_overrides"])
 
 
 def _exit_with_parent() -> None:
@@ -122,19 +139,18 @@ def run_arm(arm: str, seed: int, args: dict) -> dict:
     from oakemu_rl.checkpoint import load_checkpoint
     from oakemu_rl.finetune.ppo import finetune_ppo
     from oakemu_rl.metrics import read_metrics
-    from oakemu_rl.pipeline import load_pipeline
     from oakemu_rl.tester import EvalConfig, evaluate
 
     source = Path(args["source"])
     run_dir = Path(args["out"]) / f"{arm}-s{seed}"
     early_only = args["early_only"]
     start_file, changes = arm_start(arm)
-    settings = args["ppo_overrides"] | changes | {
+    settings = changes | {
         "total_steps": args["steps"], "eval_every": args["eval_every"],
         "eval_episodes": args["eval_episodes"], "seed": seed, "threads": 1,
         # ppo_last.pt every 25 updates: a run killed with its session resumes from there
         "checkpoint_every": 25}
-    config = dataclasses.replace(load_pipeline(args["pipeline"]).ppo, **settings)
+    config = dataclasses.replace(recipe(args), **settings)
     checkpoint = source / start_file
     start = time.perf_counter()
     earlier = _read_result(run_dir)
@@ -184,16 +200,18 @@ def _reference_scores(args: argparse.Namespace) -> dict:
     path = Path(args.out) / "reference.json"
     scores = json.loads(path.read_text()) if path.exists() else {}
     pipeline = load_pipeline(args.pipeline)
+    ppo = recipe(vars(args))
     config = EvalConfig(episodes=args.final_episodes, seed=1000)
     agent, spec = load_policy_agent(Path(args.source) / "bc.pt", device="cpu")
-    early = _early_updates(args, pipeline)
-    selection = dataclasses.replace(config, episodes=args.eval_episodes,
-                                    seed=pipeline.ppo.eval_seed,
-                                    max_steps=pipeline.ppo.eval_max_steps)
+    early = _early_updates(args, ppo)
+    selection = dataclasses.replace(config, episodes=args.eval_episodes, seed=ppo.eval_seed,
+                                    max_steps=ppo.eval_max_steps)
+    games = {"episodes": args.eval_episodes, "seed": ppo.eval_seed,
+             "max_steps": ppo.eval_max_steps}
     if scores and sorted(map(int, scores.get("early", {}))) == early \
-            and scores.get("start", {}).get("episodes") == args.eval_episodes:
+            and scores.get("selection_games") == games:
         return scores
-    if not scores or scores.get("start", {}).get("episodes") != args.eval_episodes:
+    if not scores or scores.get("selection_games") != games:
         demonstrator = make_demonstrator(spec, seed=1000, style=pipeline.demos.style)
         scores = {
             "bc": evaluate(agent, spec, config, progress=False).to_dict(),
@@ -206,13 +224,15 @@ def _reference_scores(args: argparse.Namespace) -> dict:
     # The BC policy on the very games of each evaluation in the first 20%: every evaluation
     # plays the selection games, so that is the start's score for each of them.
     scores["early"] = {str(u): scores["start"]["mean"] for u in early}
+    scores["selection_games"] = games
     path.write_text(json.dumps(scores, indent=2))
     return scores
 
 
-def _early_updates(args: argparse.Namespace, pipeline) -> list[int]:
-    """The updates whose greedy evaluations fall in the first 20% of fine-tuning."""
-    batch = pipeline.ppo.num_envs * pipeline.ppo.num_steps
+def _early_updates(args: argparse.Namespace, ppo) -> list[int]:
+    """The updates whose greedy evaluations fall in the first 20% of fine-tuning of the
+    PPOConfig `ppo`."""
+    batch = ppo.num_envs * ppo.num_steps
     return [u for u in range(args.eval_every, args.steps // batch + 1, args.eval_every)
             if u * batch <= EARLY_SHARE * args.steps]
 
@@ -343,17 +363,18 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="data/runs/bench-learning")
     parser.add_argument("--ppo", action="append", default=[], metavar="KEY=VALUE",
-                        help="change one [ppo] key of the pipeline's recipe for every arm "
-                             "(repeatable)")
+                        help="change one [ppo] key of the pipeline's recipe (repeatable; "
+                             "the unguarded arms keep their guards off)")
     parser.add_argument("--early-only", action="store_true",
                         help="pause each run after the first 20%% of --steps (the collapse "
                              "window) and skip its final games; a later run without this "
                              "flag resumes them")
     args = parser.parse_args()
     from oakemu_rl.errors import OakEmuError
+    from oakemu_rl.pipeline import load_pipeline
 
     try:
-        args.ppo_overrides = ppo_overrides(args.ppo)
+        args.ppo_overrides = ppo_overrides(args.ppo, load_pipeline(args.pipeline).ppo)
     except (ValueError, OakEmuError) as error:
         parser.error(str(error))
     out = Path(args.out)

@@ -9,7 +9,6 @@ import json
 import math
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -30,9 +29,12 @@ def _run(arm: str, curve: list[tuple[int, float]], seed: int = 0) -> dict:
 
 def test_early_updates_are_the_evaluations_in_the_first_fifth() -> None:
     args = argparse.Namespace(eval_every=8, steps=200_000)
-    pipeline = SimpleNamespace(ppo=PPOConfig(num_envs=8, num_steps=128))
     # 1,024 steps an update: updates 8..32 end at or before step 40,000, update 40 after it.
-    assert learning_results._early_updates(args, pipeline) == [8, 16, 24, 32]
+    assert learning_results._early_updates(args, PPOConfig(num_envs=8, num_steps=128)) == \
+        [8, 16, 24, 32]
+    # the batch of the recipe the arms run (with --ppo's changes), 512 steps an update
+    assert learning_results._early_updates(args, PPOConfig(num_envs=4, num_steps=128)) == \
+        [8, 16, 24, 32, 40, 48, 56, 64, 72]
 
 
 def test_early_drop_pairs_each_evaluation_with_bc_on_its_games() -> None:
@@ -92,18 +94,28 @@ def test_each_arm_starts_from_its_file_with_its_guards() -> None:
     assert all(guards_off[k] == 0 for k in ("warmup_updates", "kl_coef", "bc_coef"))
 
 
-def test_ppo_overrides_are_checked_as_the_pipeline_file_would_be() -> None:
+def test_ppo_overrides_are_checked_against_the_pipelines_recipe() -> None:
     """`--ppo KEY=VALUE` reads TOML values into PPOConfig's types, and refuses an unknown
-    key, a wrong type and the keys the benchmark sets itself."""
+    key, a wrong type, a recipe that fails PPOConfig's checks once changed, and the keys
+    the benchmark sets itself."""
+    base = PPOConfig(num_envs=2, num_steps=16, bc_coef=3.0)
     overrides = learning_results.ppo_overrides(["kl_coef=1", "ent_coef = 0.003",
-                                                "norm_adv=false"])
+                                                "norm_adv=false"], base)
     assert overrides == {"kl_coef": 1.0, "ent_coef": 0.003, "norm_adv": False}
     assert isinstance(overrides["kl_coef"], float)
+    # allowed because this recipe has a BC loss, which the defaults do not
+    assert learning_results.ppo_overrides(["label_rollouts=planner"], base) == \
+        {"label_rollouts": "planner"}
+    with pytest.raises(ConfigError, match="label_rollouts"):
+        learning_results.ppo_overrides(["label_rollouts=planner"], PPOConfig())
+    # 64 minibatches of a 32-step batch: fine for the defaults, not for this recipe
+    with pytest.raises(ConfigError, match="num_minibatches=64"):
+        learning_results.ppo_overrides(["num_minibatches=64"], base)
     with pytest.raises(ConfigError, match=r"unknown key ppo\.kl_coeff"):
-        learning_results.ppo_overrides(["kl_coeff=1.0"])
+        learning_results.ppo_overrides(["kl_coeff=1.0"], base)
     with pytest.raises(ConfigError, match=r"ppo\.ent_coef"):
-        learning_results.ppo_overrides(["ent_coef=high"])
+        learning_results.ppo_overrides(["ent_coef=high"], base)
     with pytest.raises(ValueError, match="set by the benchmark"):
-        learning_results.ppo_overrides(["seed=3"])
+        learning_results.ppo_overrides(["seed=3"], base)
     with pytest.raises(ValueError, match="not KEY=VALUE"):
-        learning_results.ppo_overrides(["kl_coef"])
+        learning_results.ppo_overrides(["kl_coef"], base)

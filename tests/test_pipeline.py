@@ -373,3 +373,7 @@ def test_the_report_sets_each_evaluation_beside_the_sampled_games_before_it() ->
     assert first == "| 32 | 2 | -3.00 ± 0.50 (20 games) | -20.00 ± 1.00 (2 games) | 0.75 |"
     assert second == "| 64 | 4 | +4.00 ± 1.00 (20 games) | no game ended | 0.50 |"
     assert ppo_progress(records[:3]) == []  # no evaluation, no table
+    # a metrics file from before evaluations logged their games says so
+    old = {"step": 32, "charts/update": 2, "eval/greedy_return": -3.0}
+    assert ppo_progress([old])[2] == \
+        "| 32 | 2 | -3.00 (games and SE not recorded) | no game ended | - |"

@@ -579,8 +579,10 @@ def ppo_progress(records: list[dict[str, Any]]) -> list[str]:
             entropy.append(record["losses/entropy"])
         if record.get("eval/greedy_return") is None:
             continue
-        greedy = score_text(record["eval/greedy_return"], record.get("eval/greedy_return_sem"),
-                            record.get("eval/episodes", 0))
+        greedy = _score({"mean": record["eval/greedy_return"],
+                         "sem": record.get("eval/greedy_return_sem"),
+                         "episodes": record["eval/episodes"]}
+                        if "eval/episodes" in record else record["eval/greedy_return"])
         if sampled:
             sem = float(np.std(sampled, ddof=1) / np.sqrt(len(sampled))) \
                 if len(sampled) > 1 else None
