@@ -1,7 +1,7 @@
 """Greedy play speed: the torch model against onnxruntime, steps per second with the emulator.
 
     .venv/bin/python benchmarks/greedy_play.py data/runs/pong/bc.pt [--steps 3000]
-        [--rounds 5] [--threads 1 2]
+        [--rounds 5] [--threads 1 2] [--games 8 --max-steps 2000]
 
 Greedy play (the tester, PPO's evaluation games, the relabelling games of the pipeline's
 bc stage) is one batch-1 forward pass per emulator step. Each round plays `--steps` steps
@@ -9,6 +9,11 @@ of the checkpoint's evaluation spec with each engine of `oakemu_rl.agents.greedy
 one after the other, from the same seeds; the script prints the median steps/s per engine
 and thread count, their ratio, and whether both engines chose the same action on every step
 (they play the same game until the first differing choice).
+
+With `--games N`, each round also plays N games of at most `--max-steps` steps through
+`play_games` with the default engine, once one game at a time and once together (up to
+`BATCH_GAMES` games sharing each forward pass), alternating which goes first, and prints
+the median steps/s of each, their ratio, and whether every game scored alike both ways.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import numpy as np
 import torch
 
 from oakemu_rl.agents import greedy_agent
+from oakemu_rl.agents.play import EvalConfig, play_games
 from oakemu_rl.checkpoint import checkpoint_spec, load_checkpoint
 from oakemu_rl.envs import make_env
 
@@ -45,12 +51,36 @@ def play(agent, spec, steps: int, seed: int) -> tuple[float, list[int]]:
     return steps / elapsed, actions
 
 
+class InTurn:
+    """The agent without its batch play: `play_games` plays its games one at a time."""
+
+    def __init__(self, agent) -> None:
+        self.agent, self.kind = agent, agent.kind
+
+    def reset(self, env, seed: int) -> None:
+        self.agent.reset(env, seed)
+
+    def act(self, env, observation):
+        return self.agent.act(env, observation)
+
+
+def games(agent, spec, config: EvalConfig, together: bool) -> tuple[float, list, list]:
+    """Steps/s of `play_games` over the games of `config`, and the games' scores and lengths."""
+    start = time.perf_counter()
+    result = play_games(agent if together else InTurn(agent), spec, config, progress=False)
+    elapsed = time.perf_counter() - start
+    return sum(result.lengths) / elapsed, result.scores, result.lengths
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint")
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--games", type=int, default=0,
+                        help="also time this many games played in turn against together")
+    parser.add_argument("--max-steps", type=int, default=2000)
     args = parser.parse_args()
 
     checkpoint = load_checkpoint(args.checkpoint)
@@ -78,6 +108,27 @@ def main() -> None:
         print(f"{threads:>7}  {torch_rate:>13,.0f}  {onnx_rate:>12,.0f}  "
               f"{onnx_rate / torch_rate:>9.2f}x")
     print("same actions on every step" if same else "the engines chose differently somewhere")
+    if args.games:
+        print(f"{args.games} games of at most {args.max_steps} steps, default engine, "
+              f"{args.rounds} rounds")
+        print(f"{'threads':>7}  {'in turn steps/s':>15}  {'together steps/s':>16}  "
+              f"{'together/in turn':>16}")
+        alike = True
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            agent = greedy_agent(model, mask, device="cpu")
+            config = EvalConfig(episodes=args.games, seed=0, max_steps=args.max_steps)
+            rate = {True: [], False: []}
+            for round_ in range(args.rounds):
+                played = {}
+                for together in ((True, False) if round_ % 2 else (False, True)):
+                    speed, *played[together] = games(agent, spec, config, together)
+                    rate[together].append(speed)
+                alike &= played[True] == played[False]
+            turn, both = statistics.median(rate[False]), statistics.median(rate[True])
+            print(f"{threads:>7}  {turn:>15,.0f}  {both:>16,.0f}  {both / turn:>15.2f}x")
+        print("every game scored alike both ways" if alike
+              else "some game scored differently together")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,13 @@ from PIL import Image
 
 from oakemu_rl.agents import PolicyAgent, greedy_agent, load_policy_agent
 from oakemu_rl.agents.onnx import OnnxPolicyAgent
-from oakemu_rl.agents.play import AgentActionError, EvalConfig, EvalResult, play_games
+from oakemu_rl.agents.play import (
+    BATCH_GAMES,
+    AgentActionError,
+    EvalConfig,
+    EvalResult,
+    play_games,
+)
 from oakemu_rl.checkpoint import Checkpoint, save_checkpoint
 from oakemu_rl.envs import EnvSpec, action_mask, make_env
 from oakemu_rl.errors import CheckpointError, ConfigError
@@ -137,12 +143,7 @@ def test_greedy_engines_play_the_same_actions() -> None:
     model whose choices vary; then training the model does not reach the onnx agent."""
     spec = EnvSpec(game="pong")
     mask = action_mask(spec)
-    torch.manual_seed(0)
-    model = PPOModel(spec.observation_shape, 6)
-    frames = torch.as_tensor(np.stack(collect_observations(spec, 64, seed=1, mask=mask)))
-    with torch.no_grad():  # large weights, logits centred on real frames: choices vary
-        torch.nn.init.orthogonal_(model.policy_head.weight, gain=100.0)
-        model.policy_head.bias -= model.get_logits(frames).mean(0)
+    model = _varied_model(spec)
     config = EvalConfig(episodes=1, max_steps=300, seed=4)
     played = {}
     for engine in ("onnx", "torch"):
@@ -163,6 +164,78 @@ def test_greedy_engines_play_the_same_actions() -> None:
     assert np.array_equal(frozen.logits(observation[None]), before)
     with pytest.raises(ConfigError, match="unknown greedy engine"):
         greedy_agent(model, mask, engine="fast")
+
+
+class Together:
+    """Wraps a greedy policy agent: keeps the size of every batch it chooses for, and
+    refuses to choose one game's action alone."""
+
+    kind = "policy"
+    plays_batches = True
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.batches: list[int] = []
+        self.seeds: list[int] = []
+
+    def reset(self, env: Any, seed: int) -> None:
+        self.seeds.append(seed)
+        self.agent.reset(env, seed)
+
+    def act_batch(self, observations: np.ndarray) -> np.ndarray:
+        self.batches.append(len(observations))
+        return self.agent.act_batch(observations)
+
+    def act(self, env: Any, observation: np.ndarray) -> int:
+        raise AssertionError("games played together choose their actions in batches")
+
+
+def _varied_model(spec: EnvSpec) -> PPOModel:
+    """A model whose greedy choices vary on the game's real frames."""
+    torch.manual_seed(0)
+    model = PPOModel(spec.observation_shape, int(action_mask(spec).size))
+    frames = torch.as_tensor(np.stack(collect_observations(spec, 64, seed=1,
+                                                           mask=action_mask(spec))))
+    with torch.no_grad():  # large weights, logits centred on real frames: choices vary
+        torch.nn.init.orthogonal_(model.policy_head.weight, gain=100.0)
+        model.policy_head.bias -= model.get_logits(frames).mean(0)
+    return model
+
+
+@pytest.mark.parametrize("engine", ["onnx", "torch"])
+def test_greedy_games_played_together_are_the_games_played_in_turn(engine: str) -> None:
+    """A greedy policy plays its games 8 at a time, one forward pass per step for all of
+    them, and each game's score and length are those of the same game played alone: the
+    order of the seeds is kept while games of different lengths end at different times."""
+    spec = EnvSpec(game="breakout")
+    agent = greedy_agent(_varied_model(spec), action_mask(spec), device="cpu", engine=engine)
+    assert agent.plays_batches
+    config = EvalConfig(episodes=10, max_steps=600, seed=4)
+    together = Together(agent)
+    result = play_games(together, spec, config, progress=False)
+    in_turn = play_games(Recording(agent), spec, config, progress=False)
+    assert (result.scores, result.lengths) == (in_turn.scores, in_turn.lengths)
+    assert len(set(result.lengths)) > 1 and len(set(result.scores)) > 1  # the games differ
+    assert together.batches[0] == BATCH_GAMES == 8
+    assert together.batches[-1] < BATCH_GAMES  # the last games finish without the others
+    assert sorted(together.seeds) == list(config.seeds)
+    assert sum(together.batches) == sum(result.lengths)
+
+
+def test_sampling_and_filmed_games_are_played_in_turn() -> None:
+    """Drawn actions follow each game's own generator, and a film follows one game at a
+    time: neither plays games together."""
+    spec = EnvSpec(game="pong")
+    model = _varied_model(spec)
+    for engine in ("onnx", "torch"):
+        assert not greedy_agent(model, action_mask(spec), device="cpu", engine=engine,
+                                sample=True).plays_batches
+    seen: list[int] = []
+    together = Together(greedy_agent(model, action_mask(spec), device="cpu"))
+    with pytest.raises(AssertionError, match="choose their actions in batches"):
+        play_games(together, spec, EvalConfig(episodes=2, max_steps=5), progress=False,
+                   watch=lambda episode, env: seen.append(episode))
+    assert seen == [0]
 
 
 @pytest.mark.parametrize("engine", ["onnx", "torch"])

@@ -55,6 +55,18 @@ class PolicyAgent:
     def reset(self, env: Any, seed: int) -> None:
         self.generator.manual_seed(seed)
 
+    @property
+    def plays_batches(self) -> bool:
+        """Greedy play keeps no state between steps, so games can share forward passes."""
+        return self.greedy
+
+    @torch.no_grad()
+    def act_batch(self, observations: np.ndarray) -> np.ndarray:
+        """Greedy actions for a batch of observations, one per game."""
+        x = torch.as_tensor(np.asarray(observations), device=self.device)
+        logits = self.model.masked_logits(self.model.get_logits(x), self.mask)
+        return logits.argmax(-1).cpu().numpy()
+
     @torch.no_grad()
     def act(self, env: Any, observation: np.ndarray) -> int:
         x = torch.as_tensor(observation, device=self.device).unsqueeze(0)

@@ -199,6 +199,15 @@ class OnnxPolicyAgent:
     def reset(self, env: Any, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 
+    @property
+    def plays_batches(self) -> bool:
+        """Greedy play keeps no state between steps, so games can share forward passes."""
+        return not self.sample
+
+    def act_batch(self, observations: np.ndarray) -> np.ndarray:
+        """Greedy actions for a batch of observations, one per game."""
+        return masked_argmax(self.logits(observations), self.mask)
+
     def act(self, env: Any, observation: np.ndarray) -> int:
         logits = self.logits(np.asarray(observation)[None])[0]
         if not self.sample:

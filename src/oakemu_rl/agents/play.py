@@ -2,9 +2,15 @@
 evaluation games and the pipeline's final test all do.
 
 `play_games(agent, spec, config)` plays `config.episodes` games on the evaluation spec (raw
-game rewards, a lost life does not end the game), one env, episode i seeded with
-`seed + i`, so the same agent and seed always give the same scores. Every action is
-checked against the spec's action mask.
+game rewards, a lost life does not end the game), episode i seeded with `seed + i`, so the
+same agent and games always give the same scores. Every action is checked against the
+spec's action mask.
+
+A greedy policy agent (one whose `plays_batches` is true) plays up to `BATCH_GAMES` games
+at once, one env each, and chooses all their actions in one forward pass (`act_batch`):
+a batch-1 pass per step is where greedy play spends its time on the CPU
+(benchmarks/greedy_play.py; docs/results.md, "Greedy play speed"). Each game is still its
+own env and seed; only the forward passes are shared.
 """
 
 from __future__ import annotations
@@ -174,23 +180,84 @@ def checked_action(raw: Any, mask: np.ndarray, meanings: tuple[str, ...], agent:
     return action
 
 
+BATCH_GAMES = 8
+"""Games a greedy policy agent plays at once (`play_games`)."""
+
+
 def play_games(agent: Agent, spec: EnvSpec, config: EvalConfig | None = None, *,
                progress: bool = True,
                watch: Callable[[int, Any], None] | None = None) -> EvalResult:
-    """Play `config.episodes` games with `agent` and return their scores and lengths.
+    """Play `config.episodes` games with `agent` and return their scores and lengths, in
+    the order of their seeds.
 
     The games use `spec.for_evaluation()`: raw rewards, whole games. An action the spec's
     mask forbids (or that is out of range) raises `AgentActionError`. `watch(episode, env)`,
-    when given, is called after every reset and step (the tester films with it).
+    when given, is called after every reset and step (the tester films with it), and the
+    games are then played one at a time.
     """
     config = config or EvalConfig()
     spec = spec.for_evaluation()
     mask = action_mask(spec)
     meanings = action_meanings(spec)
-    result = EvalResult()
-    env = make_env(spec, render_mode="rgb_array")
     bar = tqdm(total=config.episodes, unit="episode", disable=not progress,
                desc=f"evaluating {spec.game}")
+    try:
+        if watch is None and config.episodes > 1 and getattr(agent, "plays_batches", False):
+            return _play_together(agent, spec, config, mask, meanings, bar)
+        return _play_in_turn(agent, spec, config, mask, meanings, bar, watch)
+    finally:
+        bar.close()
+
+
+def _play_together(agent: Any, spec: EnvSpec, config: EvalConfig, mask: np.ndarray,
+                   meanings: tuple[str, ...], bar: tqdm) -> EvalResult:
+    """The games `BATCH_GAMES` at a time, one env each, their actions chosen in one batch;
+    a finished game's env starts the next game."""
+    scores: list[float] = [0.0] * config.episodes
+    lengths: list[int] = [0] * config.episodes
+    envs = [make_env(spec, render_mode="rgb_array")
+            for _ in range(min(BATCH_GAMES, config.episodes))]
+    playing: dict[int, int] = {}  # env index -> episode
+    observations: dict[int, np.ndarray] = {}
+    waiting = iter(range(config.episodes))
+
+    def start(slot: int) -> None:
+        episode = next(waiting, None)
+        if episode is None:
+            playing.pop(slot, None)
+            return
+        playing[slot] = episode
+        observations[slot], _ = envs[slot].reset(seed=config.seed + episode)
+        agent.reset(envs[slot], config.seed + episode)
+
+    try:
+        for slot in range(len(envs)):
+            start(slot)
+        while playing:
+            slots = sorted(playing)
+            actions = agent.act_batch(np.stack([observations[slot] for slot in slots]))
+            for slot, raw in zip(slots, actions, strict=True):
+                episode = playing[slot]
+                action = checked_action(raw, mask, meanings, agent)
+                observations[slot], reward, terminated, truncated, _ = envs[slot].step(action)
+                scores[episode] += float(reward)
+                lengths[episode] += 1
+                if terminated or truncated or lengths[episode] == config.max_steps:
+                    bar.set_postfix(score=f"{scores[episode]:+.0f}", steps=lengths[episode])
+                    bar.update(1)
+                    start(slot)
+    finally:
+        for env in envs:
+            env.close()
+    return EvalResult(scores=scores, lengths=lengths)
+
+
+def _play_in_turn(agent: Agent, spec: EnvSpec, config: EvalConfig, mask: np.ndarray,
+                  meanings: tuple[str, ...], bar: tqdm,
+                  watch: Callable[[int, Any], None] | None) -> EvalResult:
+    """The games one after another in one env."""
+    result = EvalResult()
+    env = make_env(spec, render_mode="rgb_array")
     try:
         for episode in range(config.episodes):
             seed = config.seed + episode
@@ -213,6 +280,5 @@ def play_games(agent: Agent, spec: EnvSpec, config: EvalConfig | None = None, *,
             bar.set_postfix(score=f"{score:+.0f}", steps=steps)
             bar.update(1)
     finally:
-        bar.close()
         env.close()
     return result
