@@ -7,10 +7,10 @@ same agent and games always give the same scores. Every action is checked agains
 spec's action mask.
 
 A greedy policy agent (one whose `plays_batches` is true) plays up to `BATCH_GAMES` games
-at once, one env each, and chooses all their actions in one forward pass (`act_batch`):
-a batch-1 pass per step is where greedy play spends its time on the CPU
-(benchmarks/greedy_play.py; docs/results.md, "Greedy play speed"). Each game is still its
-own env and seed; only the forward passes are shared.
+at once, one env each, and chooses all their actions in one forward pass (`act_batch`).
+Each game is still its own env and seed; only the forward passes are shared. The gain is
+small, as the emulator and the frame processing take much of a greedy step
+(benchmarks/greedy_play.py --games; docs/results.md, "Greedy play speed").
 """
 
 from __future__ import annotations
