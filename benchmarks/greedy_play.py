@@ -4,10 +4,11 @@
         [--rounds 5] [--threads 1 2] [--games 8 --max-steps 2000]
 
 Greedy play (the tester, PPO's evaluation games, the relabelling games of the pipeline's
-bc stage) is one batch-1 forward pass per emulator step. Each round plays `--steps` steps
-of the checkpoint's evaluation spec with each engine of `oakemu_rl.agents.greedy_agent`,
-one after the other, from the same seeds; the script prints the median steps/s per engine
-and thread count, their ratio, and whether both engines chose the same action on every step
+bc stage) runs one forward pass per emulator step, batch 1 for one game. Each round plays
+`--steps` steps of the checkpoint's evaluation spec with each engine of
+`oakemu_rl.agents.greedy_agent`, one after the other, from the same seeds; the script
+prints the median steps/s per engine and thread count, their ratio, and whether both
+engines chose the same action on every step
 (they play the same game until the first differing choice).
 
 With `--games N`, each round also plays N games of at most `--max-steps` steps through

@@ -81,15 +81,10 @@ def ppo_overrides(items: list[str], base) -> dict:
     """`--ppo KEY=VALUE` pairs as checked values of the pipeline's PPOConfig `base`. VALUE is
     read as a TOML value (`0.003`, `true`, `"linear"`), or else as a bare string; the
     changed recipe must pass PPOConfig's own checks, as the pipeline file would."""
-    import typing
-
-    from oakemu_rl.configs import coerce
-    from oakemu_rl.errors import ConfigError
+    from oakemu_rl.configs import table_values
     from oakemu_rl.finetune.ppo import PPOConfig
 
-    hints = typing.get_type_hints(PPOConfig)
-    names = {f.name for f in dataclasses.fields(PPOConfig) if f.init}
-    values = {}
+    table = {}
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip()
@@ -97,13 +92,11 @@ def ppo_overrides(items: list[str], base) -> dict:
             raise ValueError(f"--ppo {item!r} is not KEY=VALUE")
         if key in BENCHMARK_KEYS:
             raise ValueError(f"--ppo {key} is set by the benchmark itself (see its options)")
-        if key not in names:
-            raise ConfigError(f"unknown key ppo.{key} (known: {', '.join(sorted(names))})")
         try:
-            value = tomllib.loads(f"value = {text}")["value"]
+            table[key] = tomllib.loads(f"value = {text}")["value"]
         except tomllib.TOMLDecodeError:
-            value = text
-        values[key] = coerce(f"ppo.{key}", hints[key], value)
+            table[key] = text
+    values = table_values(PPOConfig, table, "ppo")
     dataclasses.replace(base, **values)  # PPOConfig's range checks, on the changed recipe
     return values
 

@@ -115,6 +115,13 @@ def from_table(cls: type, table: Any, where: str, moved: dict[str, str] | None =
     """An instance of config class `cls` from a TOML table: unknown keys and wrong types
     are errors naming `where.key`; `moved` maps a key that lives elsewhere now to the line
     that says where."""
+    return cls(**table_values(cls, table, where, moved))
+
+
+def table_values(cls: type, table: Any, where: str, moved: dict[str, str] | None = None
+                 ) -> dict[str, Any]:
+    """A TOML table's values checked and converted for config class `cls`, without building
+    it: what `from_table` passes to `cls`, for a caller that changes an existing config."""
     if not isinstance(table, dict):
         raise ConfigError(f"[{where}] must be a table")
     hints = typing.get_type_hints(cls)
@@ -126,7 +133,7 @@ def from_table(cls: type, table: Any, where: str, moved: dict[str, str] | None =
         if key not in names:
             raise ConfigError(f"unknown key {where}.{key} (known: {', '.join(sorted(names))})")
         values[key] = coerce(f"{where}.{key}", hints[key], value)
-    return cls(**values)
+    return values
 
 
 def field_docs(cls: type) -> dict[str, str]:

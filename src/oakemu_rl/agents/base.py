@@ -69,10 +69,10 @@ class PolicyAgent:
 
     @torch.no_grad()
     def act(self, env: Any, observation: np.ndarray) -> int:
+        if self.greedy:
+            return int(self.act_batch(np.asarray(observation)[None])[0])
         x = torch.as_tensor(observation, device=self.device).unsqueeze(0)
         logits = self.model.masked_logits(self.model.get_logits(x), self.mask)
-        if self.greedy:
-            return int(logits.argmax(-1).item())
         probs = torch.softmax(logits, -1)
         return int(torch.multinomial(probs, 1, generator=self.generator).item())
 

@@ -209,9 +209,9 @@ class OnnxPolicyAgent:
         return masked_argmax(self.logits(observations), self.mask)
 
     def act(self, env: Any, observation: np.ndarray) -> int:
-        logits = self.logits(np.asarray(observation)[None])[0]
         if not self.sample:
-            return int(masked_argmax(logits, self.mask))
+            return int(self.act_batch(np.asarray(observation)[None])[0])
+        logits = self.logits(np.asarray(observation)[None])[0]
         return int(self.rng.choice(logits.shape[-1], p=masked_softmax(logits, self.mask)))
 
 
