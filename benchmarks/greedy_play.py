@@ -1,7 +1,7 @@
 """Greedy play speed: the torch model against onnxruntime, steps per second with the emulator.
 
     .venv/bin/python benchmarks/greedy_play.py data/runs/pong/bc.pt [--steps 3000]
-        [--rounds 5] [--threads 1 2] [--games 8 --max-steps 2000]
+        [--rounds 5] [--threads 1 2] [--games 8 --max-steps 2000] [--workers 2]
 
 Greedy play (the tester, PPO's evaluation games, the relabelling games of the pipeline's
 bc stage) runs one forward pass per emulator step, batch 1 for one game. Each round plays
@@ -15,6 +15,12 @@ With `--games N`, each round also plays N games of at most `--max-steps` steps t
 `play_games` with the default engine, once one game at a time and once together (up to
 `BATCH_GAMES` games sharing each forward pass), alternating which goes first, and prints
 the median steps/s of each, their ratio, and whether every game scored alike both ways.
+
+With `--games N --workers W [W ...]`, each round also plays the N games together in this
+process on the last of `--threads`, and on W processes of one thread each
+(`EvalConfig.workers`, the time of starting them included), alternating which goes
+first, and prints the median steps/s of each, the ratio to this process, and whether
+every game scored alike.
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ class InTurn:
         return self.agent.act(env, observation)
 
 
-def games(agent, spec, config: EvalConfig, together: bool) -> tuple[float, list, list]:
+def games(agent, spec, config: EvalConfig, together: bool = True) -> tuple[float, list, list]:
     """Steps/s of `play_games` over the games of `config`, and the games' scores and lengths."""
     start = time.perf_counter()
     result = play_games(agent if together else InTurn(agent), spec, config, progress=False)
@@ -82,7 +88,11 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=0,
                         help="also time this many games played in turn against together")
     parser.add_argument("--max-steps", type=int, default=2000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[],
+                        help="with --games, also time the games on this many processes")
     args = parser.parse_args()
+    if args.workers and not args.games:
+        parser.error("--workers times games: give --games N too")
 
     checkpoint = load_checkpoint(args.checkpoint)
     spec = checkpoint_spec(checkpoint, args.checkpoint).for_evaluation()
@@ -130,6 +140,36 @@ def main() -> None:
             print(f"{threads:>7}  {turn:>15,.0f}  {both:>16,.0f}  {both / turn:>15.2f}x")
         print("every game scored alike both ways" if alike
               else "some game scored differently together")
+    if args.workers:
+        processes(args, model, mask, spec)
+
+
+def processes(args, model, mask, spec) -> None:
+    """The games together in this process against on each count of `--workers`."""
+    threads = args.threads[-1]
+    torch.set_num_threads(threads)
+    agent = greedy_agent(model, mask, device="cpu")
+    configs = {0: EvalConfig(episodes=args.games, seed=0, max_steps=args.max_steps)}
+    configs.update({w: EvalConfig(episodes=args.games, seed=0, max_steps=args.max_steps,
+                                  workers=w) for w in args.workers})
+    rate: dict[int, list[float]] = {w: [] for w in configs}
+    alike = True
+    for round_ in range(args.rounds):
+        order = list(configs) if round_ % 2 == 0 else list(configs)[::-1]
+        played = {}
+        for w in order:
+            speed, *played[w] = games(agent, spec, configs[w])
+            rate[w].append(speed)
+        alike &= all(played[w] == played[0] for w in played)
+    here = statistics.median(rate[0])
+    print(f"{args.games} games of at most {args.max_steps} steps, together, {args.rounds} "
+          f"rounds: this process on {threads} thread(s) against processes of one thread")
+    print(f"{'processes':>9}  {'steps/s':>9}  {'ratio':>6}")
+    print(f"{'here':>9}  {here:>9,.0f}  {1:>5.2f}x")
+    for w in args.workers:
+        there = statistics.median(rate[w])
+        print(f"{w:>9}  {there:>9,.0f}  {there / here:>5.2f}x")
+    print("every game scored alike" if alike else "some game scored differently")
 
 
 if __name__ == "__main__":

@@ -352,6 +352,10 @@ def test_default_stage_fingerprints_stay_what_earlier_runs_stored() -> None:
         assert _fingerprint(stage, _settings(config)) == fingerprint, (
             f"the {stage} stage's default fingerprint changed: name a new option in "
             "pipeline.LATER_OPTIONS")
+    # the test stage's processes change how fast its games play, not its scores
+    assert _settings(FinalTestConfig(workers=3)) == _settings(FinalTestConfig())
+    with pytest.raises(ConfigError, match=r"evaluate.workers=-1 is out of range: it must be ≥ 0"):
+        FinalTestConfig(workers=-1)
 
 
 def test_the_report_sets_each_evaluation_beside_the_sampled_games_before_it() -> None:

@@ -414,7 +414,8 @@ def test_ppo_ships_the_policy_its_evaluations_picked(
 ) -> None:
     """Every evaluation plays the same selection games; ppo.pt holds the weights of the
     evaluation with the best mean as the metrics record it (the latest of a tie), with
-    its score ± SE, and ppo_last.pt the last update's."""
+    its score ± SE, and ppo_last.pt the last update's. With two training threads the
+    games play in two processes, and ppo.pt replays its score here."""
     seen: dict[int, dict[str, torch.Tensor]] = {}
     original = ppo_module._Trainer.evaluate
 
@@ -426,7 +427,7 @@ def test_ppo_ships_the_policy_its_evaluations_picked(
     run_dir = tmp_path / "run"
     write_start(run_dir)
     config = tiny(3, eval_every=1, eval_episodes=2, eval_max_steps=40, eval_seed=20_000,
-                  warmup_updates=0, warmup_ramp_updates=0, lr=1e-2, kl_coef=0.0)
+                  warmup_updates=0, warmup_ramp_updates=0, lr=1e-2, kl_coef=0.0, threads=2)
     path = run_ppo(run_dir, config)
 
     evals = [r for r in update_records(run_dir) if "eval/greedy_return" in r]

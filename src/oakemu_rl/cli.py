@@ -448,12 +448,15 @@ def ppo(**options) -> None:
 @click.option("--sample", is_flag=True,
               help="Draw each action from the policy instead of taking its argmax, as PPO's "
                    "training games do (seeded by each game's seed, so reruns repeat).")
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
+              help="Processes that play the games, one thread each (the scores are the "
+                   "same); up to one per core is faster. A filmed game plays here.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the scores as JSON.")
 @click.pass_context
 def test(ctx: click.Context, checkpoint: str | None, demonstrator: str | None, style: str,
          onnx_path: str | None, episodes: int, max_steps: int | None, seed: int,
-         video: str | None, sample: bool, device: str, as_json: bool,
+         video: str | None, sample: bool, workers: int, device: str, as_json: bool,
          **spec_options) -> None:
     """Score a checkpoint by greedy play (argmax of the masked logits), or with --sample by
     the policy's own draws.
@@ -478,7 +481,7 @@ def test(ctx: click.Context, checkpoint: str | None, demonstrator: str | None, s
             f"{option.opts[0]} does not apply to a checkpoint, which plays the "
             "env spec it was trained on; drop the env options (they are for --demonstrator "
             "scripted alone)")
-    config = EvalConfig(episodes=episodes, seed=seed, max_steps=max_steps)
+    config = EvalConfig(episodes=episodes, seed=seed, max_steps=max_steps, workers=workers)
     spec, results = score_agents(
         config, checkpoint=checkpoint, onnx=onnx_path,
         scripted_style=style if demonstrator == "scripted" else None,

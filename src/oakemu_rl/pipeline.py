@@ -32,7 +32,7 @@ from .errors import ConfigError, OakEmuError
 from .finetune.ppo import PPOConfig, finetune_ppo, selection_summary
 from .fsutil import atomic_write_text
 from .options import config_args
-from .runtime import SEED_MAX
+from .runtime import SEED_MAX, usable_cpus
 
 STAGES = ("record", "bc", "calibrate", "ppo", "test")
 STATE_FILE = "pipeline_state.json"
@@ -80,9 +80,16 @@ class FinalTestConfig(EvalConfig):
     """Seed of the first test episode (seeds seed to seed + episodes - 1)."""
     demonstrator: bool = True
     """Also score the scripted demonstrator (when the game has one)."""
+    workers: int = 0
+    """Processes that play the games, one thread each (0: one per usable core, as the
+    pipeline runs one stage at a time); the scores do not depend on it."""
 
     def __post_init__(self) -> None:
         check_options(self, self.checks(), section="evaluate")
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        return [*(check for check in super().checks() if check[0] != "workers"),
+                ("workers", self.workers >= 0, "≥ 0")]
 
 
 @dataclass(frozen=True)
@@ -267,12 +274,19 @@ does not make every earlier run's stages stale (and rerun them). A test pins eac
 default fingerprint, so an option added without a place here fails it."""
 
 
+SPEED_OPTIONS = frozenset({"workers"})
+"""Stage options that change how fast a stage runs and never what it makes (the test
+stage's scores are the same on any number of processes): no fingerprint covers them, so
+changing one reruns nothing."""
+
+
 def _settings(config: Any, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a stage's fingerprint covers of its config (of `settings`, its dict form, when
     given: the env spec's is `EnvSpec.to_dict()`)."""
     settings = dataclasses.asdict(config) if settings is None else dict(settings)
     for item in dataclasses.fields(config):
-        if item.name in LATER_OPTIONS and settings[item.name] == item.default:
+        if item.name in SPEED_OPTIONS or (item.name in LATER_OPTIONS
+                                          and settings[item.name] == item.default):
             del settings[item.name]
     return settings
 
@@ -445,7 +459,8 @@ class PipelineRun:
 
         p = self.pipeline
         games = EvalConfig(episodes=p.evaluate.episodes, seed=p.evaluate.seed,
-                           max_steps=p.evaluate.max_steps)
+                           max_steps=p.evaluate.max_steps,
+                           workers=p.evaluate.workers or usable_cpus())
         scores: dict[str, Any] = {}
         for stage, name in (("bc", "bc.pt"), ("calibrate", "calibrated.pt"), ("ppo", "ppo.pt")):
             if stage == "calibrate" and _same_policy(self.run_dir / "bc.pt",

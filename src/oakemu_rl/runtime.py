@@ -1,4 +1,5 @@
-"""Where and how a stage computes: the device, the arithmetic precision, the seed range.
+"""Where and how a stage computes: the device, the arithmetic precision, the seed range,
+the usable CPUs.
 
 The lowest layer beside `errors`: every stage resolves `--device` and `--precision` here,
 so the rules are written once.
@@ -7,6 +8,7 @@ so the rules are written once.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import torch
@@ -16,6 +18,14 @@ from .errors import ConfigError
 SEED_MAX = 2**30 - 1
 """Largest seed an option takes: the emulators add episode, env and update numbers to it,
 and ALE seeds are 32-bit."""
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the system tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 def resolve_device(name: str = "auto") -> torch.device:

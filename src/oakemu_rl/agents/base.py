@@ -60,6 +60,20 @@ class PolicyAgent:
         """Greedy play keeps no state between steps, so games can share forward passes."""
         return self.greedy
 
+    @property
+    def portable(self) -> bool:
+        """`play_games` may play a CPU model in other processes (a GPU's stays here)."""
+        return self.device.type == "cpu"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["generator"] = None  # a torch.Generator does not pickle; every game reseeds it
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.generator = torch.Generator(device=self.device)
+
     @torch.no_grad()
     def act_batch(self, observations: np.ndarray) -> np.ndarray:
         """Greedy actions for a batch of observations, one per game."""
@@ -81,6 +95,7 @@ class RandomAgent:
     """Uniform over the allowed actions: the bottom of the random-to-demonstrator scale."""
 
     kind = "policy"
+    portable = True
 
     def __init__(self, mask: np.ndarray) -> None:
         self.allowed = np.flatnonzero(np.asarray(mask, dtype=bool))
@@ -105,6 +120,10 @@ class NoisyAgent:
         self.allowed = np.flatnonzero(np.asarray(mask, dtype=bool))
         self.noise = noise
         self.rng = np.random.default_rng(seed)
+
+    @property
+    def portable(self) -> bool:
+        return getattr(self.agent, "portable", False)
 
     def reset(self, env: Any, seed: int) -> None:
         self.agent.reset(env, seed)

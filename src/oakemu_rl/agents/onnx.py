@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from torch import nn
 from ..envs import EnvSpec, action_meanings, actions_agree
 from ..errors import EnvError, OakEmuError
 from ..model import PPOModel
+from ..runtime import usable_cpus
 
 FORMAT_KEY = "oakemu_rl_format"
 
@@ -57,11 +57,7 @@ _REQUIRED_METADATA = (
 def default_threads() -> int:
     """onnxruntime intra-op threads: the CPUs this process may use, at most 4 (a batch-1
     policy gains nothing from more, and a small machine keeps a core for the emulator)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(4, cpus))
+    return max(1, min(4, usable_cpus()))
 
 
 def onnx_session(model_bytes: bytes, threads: int | None = None) -> Any:
@@ -153,7 +149,7 @@ class OnnxPolicyAgent:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise _bad(path, f"cannot be loaded by onnxruntime: {first_line[:200]}") from None
         _check_graph(session, shape, len(meanings), path)
-        self._setup(session, mask, tuple(shape), spec=spec, meanings=tuple(meanings),
+        self._setup(data, session, mask, tuple(shape), spec=spec, meanings=tuple(meanings),
                     metadata=dict(meta), sample=sample)
 
     @classmethod
@@ -168,15 +164,16 @@ class OnnxPolicyAgent:
         trace_logits(plain, buffer)
         agent = cls.__new__(cls)
         agent.path = None
-        agent._setup(onnx_session(buffer.getvalue(), threads), action_mask,
+        agent._setup(buffer.getvalue(), onnx_session(buffer.getvalue(), threads), action_mask,
                      tuple(model.observation_shape), spec=None, meanings=(), metadata={},
                      sample=sample)
         return agent
 
-    def _setup(self, session: Any, mask: Any, shape: tuple[int, ...], *,
+    def _setup(self, model_bytes: bytes, session: Any, mask: Any, shape: tuple[int, ...], *,
                spec: EnvSpec | None, meanings: tuple[str, ...], metadata: dict[str, str],
                sample: bool) -> None:
         """Every attribute but `path`, in one place for both ways of building the agent."""
+        self.model_bytes = model_bytes
         self.session = session
         self.spec = spec
         self.action_meanings = meanings
@@ -185,6 +182,18 @@ class OnnxPolicyAgent:
         self.metadata = metadata
         self.sample = sample
         self.rng = np.random.default_rng(0)
+
+    portable = True
+    """`play_games` may play it in other processes: it travels as its model's bytes."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "session"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy in another process gets its own session, with that process's torch
+        thread count (as `greedy_agent` gives the agents it builds)."""
+        self.__dict__.update(state)
+        self.session = onnx_session(self.model_bytes, torch.get_num_threads())
 
     def logits(self, observations: np.ndarray) -> np.ndarray:
         """Raw logits, shape (batch, actions), for uint8 observations (batch, *shape)."""

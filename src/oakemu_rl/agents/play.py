@@ -11,13 +11,24 @@ at once, one env each, and chooses all their actions in one forward pass (`act_b
 Each game is still its own env and seed; only the forward passes are shared. The gain is
 small, as the emulator and the frame processing take much of a greedy step
 (benchmarks/greedy_play.py --games; docs/results.md, "Greedy play speed").
+
+With `config.workers` above 1, an agent that can travel to another process (`portable`)
+plays its games in that many processes of one thread each, every game still its own env
+and seed: the scores are those of one process, and the emulators, which hold one core
+each, run side by side (benchmarks/greedy_play.py --workers).
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +56,9 @@ class EvalConfig:
     """Episode i is played with seed `seed + i` (no-op starts and sticky actions)."""
     max_steps: int | None = None
     """Agent steps after which an episode is cut; None plays until the emulator ends it."""
+    workers: int = 1
+    """Processes that play the games, one thread each (1: this process plays them); the
+    scores do not depend on it."""
 
     def __post_init__(self) -> None:
         check_options(self, self.checks(), stage="test")
@@ -52,7 +66,8 @@ class EvalConfig:
     def checks(self) -> list[tuple[str, bool, str]]:
         return [("episodes", self.episodes >= 1, "≥ 1"),
                 ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
-                ("max_steps", self.max_steps is None or self.max_steps >= 1, "≥ 1")]
+                ("max_steps", self.max_steps is None or self.max_steps >= 1, "≥ 1"),
+                ("workers", self.workers >= 1, "≥ 1")]
 
     @property
     def seeds(self) -> range:
@@ -193,33 +208,59 @@ def play_games(agent: Agent, spec: EnvSpec, config: EvalConfig | None = None, *,
     The games use `spec.for_evaluation()`: raw rewards, whole games. An action the spec's
     mask forbids (or that is out of range) raises `AgentActionError`. `watch(episode, env)`,
     when given, is called after every reset and step (the tester films with it), and the
-    games are then played one at a time.
+    games are then played one at a time in this process.
     """
     config = config or EvalConfig()
     spec = spec.for_evaluation()
-    mask = action_mask(spec)
-    meanings = action_meanings(spec)
-    bar = tqdm(total=config.episodes, unit="episode", disable=not progress,
-               desc=f"evaluating {spec.game}")
-    try:
-        if watch is None and config.episodes > 1 and getattr(agent, "plays_batches", False):
-            return _play_together(agent, spec, config, mask, meanings, bar)
-        return _play_in_turn(agent, spec, config, mask, meanings, bar, watch)
-    finally:
-        bar.close()
-
-
-def _play_together(agent: Any, spec: EnvSpec, config: EvalConfig, mask: np.ndarray,
-                   meanings: tuple[str, ...], bar: tqdm) -> EvalResult:
-    """The games `BATCH_GAMES` at a time, one env each, their actions chosen in one batch;
-    a finished game's env starts the next game."""
+    action_mask(spec)  # a bad mask is refused here, before any process starts
     scores: list[float] = [0.0] * config.episodes
     lengths: list[int] = [0] * config.episodes
+    bar = tqdm(total=config.episodes, unit="episode", disable=not progress,
+               desc=f"evaluating {spec.game}")
+
+    def finished(episode: int, score: float, length: int) -> None:
+        scores[episode], lengths[episode] = score, length
+        bar.set_postfix(score=f"{score:+.0f}", steps=length)
+        bar.update(1)
+
+    workers = min(config.workers, config.episodes)
+    try:
+        if watch is None and workers > 1 and getattr(agent, "portable", False):
+            _play_in_processes(agent, spec, config, workers, finished)
+        else:
+            _play_here(agent, spec, config, range(config.episodes), finished, watch)
+    finally:
+        bar.close()
+    return EvalResult(scores=scores, lengths=lengths)
+
+
+Finished = Callable[[int, float, int], None]
+"""Told of each game as it ends: (episode, score, length)."""
+
+
+def _play_here(agent: Any, spec: EnvSpec, config: EvalConfig, episodes: Sequence[int],
+               finished: Finished, watch: Callable[[int, Any], None] | None = None) -> None:
+    """Play `episodes` (indices into the config's seeds) in this process: together when
+    the agent plays batches and nobody watches, else one after another."""
+    mask = action_mask(spec)
+    meanings = action_meanings(spec)
+    if watch is None and len(episodes) > 1 and getattr(agent, "plays_batches", False):
+        _play_together(agent, spec, config, episodes, mask, meanings, finished)
+    else:
+        _play_in_turn(agent, spec, config, episodes, mask, meanings, finished, watch)
+
+
+def _play_together(agent: Any, spec: EnvSpec, config: EvalConfig, episodes: Sequence[int],
+                   mask: np.ndarray, meanings: tuple[str, ...], finished: Finished) -> None:
+    """The games `BATCH_GAMES` at a time, one env each, their actions chosen in one batch;
+    a finished game's env starts the next game."""
     envs = [make_env(spec, render_mode="rgb_array")
-            for _ in range(min(BATCH_GAMES, config.episodes))]
+            for _ in range(min(BATCH_GAMES, len(episodes)))]
     playing: dict[int, int] = {}  # env index -> episode
     observations: dict[int, np.ndarray] = {}
-    waiting = iter(range(config.episodes))
+    scores: dict[int, float] = {}
+    lengths: dict[int, int] = {}
+    waiting = iter(episodes)
 
     def start(slot: int) -> None:
         episode = next(waiting, None)
@@ -227,6 +268,7 @@ def _play_together(agent: Any, spec: EnvSpec, config: EvalConfig, mask: np.ndarr
             playing.pop(slot, None)
             return
         playing[slot] = episode
+        scores[episode], lengths[episode] = 0.0, 0
         observations[slot], _ = envs[slot].reset(seed=config.seed + episode)
         agent.reset(envs[slot], config.seed + episode)
 
@@ -243,23 +285,20 @@ def _play_together(agent: Any, spec: EnvSpec, config: EvalConfig, mask: np.ndarr
                 scores[episode] += float(reward)
                 lengths[episode] += 1
                 if terminated or truncated or lengths[episode] == config.max_steps:
-                    bar.set_postfix(score=f"{scores[episode]:+.0f}", steps=lengths[episode])
-                    bar.update(1)
+                    finished(episode, scores[episode], lengths[episode])
                     start(slot)
     finally:
         for env in envs:
             env.close()
-    return EvalResult(scores=scores, lengths=lengths)
 
 
-def _play_in_turn(agent: Agent, spec: EnvSpec, config: EvalConfig, mask: np.ndarray,
-                  meanings: tuple[str, ...], bar: tqdm,
-                  watch: Callable[[int, Any], None] | None) -> EvalResult:
+def _play_in_turn(agent: Agent, spec: EnvSpec, config: EvalConfig, episodes: Sequence[int],
+                  mask: np.ndarray, meanings: tuple[str, ...], finished: Finished,
+                  watch: Callable[[int, Any], None] | None) -> None:
     """The games one after another in one env."""
-    result = EvalResult()
     env = make_env(spec, render_mode="rgb_array")
     try:
-        for episode in range(config.episodes):
+        for episode in episodes:
             seed = config.seed + episode
             observation, _ = env.reset(seed=seed)
             agent.reset(env, seed)
@@ -275,10 +314,77 @@ def _play_in_turn(agent: Agent, spec: EnvSpec, config: EvalConfig, mask: np.ndar
                     watch(episode, env)
                 if terminated or truncated:
                     break
-            result.scores.append(score)
-            result.lengths.append(steps)
-            bar.set_postfix(score=f"{score:+.0f}", steps=steps)
-            bar.update(1)
+            finished(episode, score, steps)
     finally:
         env.close()
-    return result
+
+
+# -- games in several processes -------------------------------------------------------------
+
+
+class GamesProcessError(OakEmuError):
+    """A process playing games ended without finishing them (killed, out of memory)."""
+
+
+def _play_in_processes(agent: Any, spec: EnvSpec, config: EvalConfig, workers: int,
+                       finished: Finished) -> None:
+    """Deal the games round-robin to `workers` new Python processes (`games_worker`), each
+    playing its share with a copy of `agent` on one thread, and hear of each game as it
+    ends. An error in a process is raised here as it was raised there; the processes never
+    outlive the call.
+
+    New interpreters rather than forks: a forked copy of a process whose torch or
+    onnxruntime threads are running can hang, and unlike multiprocessing's spawn they do
+    not re-run the caller's main script."""
+    blob = pickle.dumps(agent)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    messages: queue.Queue = queue.Queue()
+    processes: list[subprocess.Popen] = []
+    try:
+        for worker in range(workers):
+            process = subprocess.Popen([sys.executable, "-m", "oakemu_rl.agents.games_worker"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            processes.append(process)
+            assert process.stdin is not None and process.stdout is not None
+            job = (sys.path, blob, spec, config, range(worker, config.episodes, workers),
+                   os.getpid())
+            process.stdin.write(pickle.dumps(job))
+            process.stdin.close()
+            threading.Thread(target=_relay, args=(worker, process.stdout, messages),
+                             daemon=True).start()
+        done = 0
+        while done < workers:
+            kind, worker, *rest = messages.get()
+            if kind == "game":
+                finished(*rest)
+            elif kind == "error":
+                raise rest[0]
+            elif kind == "end":
+                done += 1
+                if not rest[0]:  # the output ended before the process said it was done
+                    code = processes[worker].wait()
+                    raise GamesProcessError(
+                        f"a process playing games ended before finishing them (exit code "
+                        f"{code}: killed, or out of memory?); no scores were kept")
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def _relay(worker: int, stream: Any, messages: queue.Queue) -> None:
+    """Pass one process's messages on, then ("end", worker, whether it said "done")."""
+    said_done = False
+    try:
+        while not said_done:
+            message = pickle.load(stream)
+            said_done = message[0] == "done"
+            if not said_done:
+                messages.put(message)
+    except Exception:  # end of file, or a cut-off message: the process is gone
+        pass
+    messages.put(("end", worker, said_done))

@@ -144,6 +144,9 @@ class _RamDemonstrator:
     """Shared machinery: noise, seeding, the action set and the paddle planner."""
 
     kind = "scripted"
+    portable = True
+    """Every game reseeds it and clears its memory, so copies in other processes play
+    each game as this one would (`play_games`)."""
     game = ""
     response: _PaddleResponse
     right_sign = 1

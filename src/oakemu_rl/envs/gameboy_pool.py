@@ -28,7 +28,6 @@ import contextlib
 import itertools
 import mmap
 import multiprocessing as mp
-import os
 import pickle
 import signal
 import struct
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EnvError
+from ..runtime import usable_cpus
 from .spec import EnvSpec
 
 _STEP, _RESET, _CLOSE = b"s", b"r", b"c"
@@ -52,11 +52,7 @@ that only this process holds them and the workers see end of file when it dies."
 
 def default_workers(num_envs: int) -> int:
     """One worker per usable core, never more than envs."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(num_envs, cores))
+    return max(1, min(num_envs, usable_cpus()))
 
 
 class _Buffers:

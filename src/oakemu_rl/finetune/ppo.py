@@ -150,7 +150,8 @@ class PPOConfig:
     # thread waits at every barrier for a core the emulators hold; on a machine of your
     # own two are faster (docs/results.md, "PPO torch threads").
     threads: int = 1
-    """Torch CPU threads while training (0: leave torch's default)."""
+    """Torch CPU threads while training (0: leave torch's default), and as many processes
+    play the evaluation games."""
 
     def __post_init__(self) -> None:
         try:  # (a wrong type or count is refused below, by name)
@@ -663,9 +664,12 @@ class _Trainer:
         # The onnx agent traces a copy of the weights, so the model in training is untouched.
         agent = greedy_agent(self.model, self.mask.cpu().numpy(), device="cpu", engine="onnx")
         config = self.config
+        # The training threads idle while the games play: each of their cores plays games
+        # in a process of its own (docs/results.md, "Greedy play speed").
         result = play_games(agent, self.spec, EvalConfig(
             episodes=config.eval_episodes, seed=config.eval_seed,
-            max_steps=config.eval_max_steps), progress=False)
+            max_steps=config.eval_max_steps, workers=torch.get_num_threads()),
+            progress=False)
         point = {"update": update, "global_step": self.steps_done(), "mean": result.mean,
                  "sem": None if np.isnan(result.sem) else result.sem,
                  "episodes": result.episodes}

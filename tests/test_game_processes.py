@@ -1,0 +1,139 @@
+"""Games played in several processes (`EvalConfig.workers`): the same scores as in one,
+errors raised as they were raised there, and no process left behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from builders import write_checkpoint
+from click.testing import CliRunner
+from test_tester import _varied_model
+from travelling import DiesOnSeed, Signing
+
+from oakemu_rl.agents import PolicyAgent, greedy_agent
+from oakemu_rl.agents.base import RandomAgent
+from oakemu_rl.agents.play import (
+    AgentActionError,
+    EvalConfig,
+    GamesProcessError,
+    play_games,
+)
+from oakemu_rl.agents.scripted import make_demonstrator
+from oakemu_rl.cli import cli
+from oakemu_rl.envs import EnvSpec, action_mask
+
+
+def _signatures(log: Path) -> dict[int, int]:
+    """seed -> the pid of the process that played it (each seed signed once)."""
+    lines = [line.split() for line in log.read_text().splitlines()]
+    seeds = [int(seed) for _, seed in lines]
+    assert len(seeds) == len(set(seeds)), "a game was played twice"
+    return {int(seed): int(pid) for pid, seed in lines}
+
+
+def _agents(spec: EnvSpec) -> dict[str, object]:
+    model = _varied_model(spec)
+    mask = action_mask(spec)
+    return {
+        "onnx greedy": greedy_agent(model, mask, device="cpu", engine="onnx"),
+        "torch greedy": PolicyAgent(model, mask, greedy=True),
+        "onnx sampled": greedy_agent(model, mask, device="cpu", engine="onnx", sample=True),
+        "torch sampled": PolicyAgent(model, mask, greedy=False),
+        "random": RandomAgent(mask),
+    }
+
+
+def test_games_in_processes_score_as_in_this_one(tmp_path: Path) -> None:
+    """Each kind of portable agent plays its Breakout games in two other processes (the
+    greedy onnx agent in three too, dealt 2, 1 and 1 games) with exactly the scores and
+    lengths of the same games played here, in the order of their seeds: every game is its
+    own env and seed wherever it is played."""
+    spec = EnvSpec(game="breakout")
+    config = EvalConfig(episodes=4, max_steps=200, seed=4)
+    runs = [(name, agent, 2) for name, agent in _agents(spec).items()]
+    runs.append(("onnx greedy", runs[0][1], 3))
+    for name, agent, workers in runs:
+        assert agent.portable, name
+        log = tmp_path / f"{name}-{workers}.log"
+        here = play_games(agent, spec, config, progress=False)
+        there = play_games(Signing(agent, log), spec,
+                           dataclasses.replace(config, workers=workers), progress=False)
+        assert (there.scores, there.lengths) == (here.scores, here.lengths), name
+        assert len(set(here.lengths)) > 1 or len(set(here.scores)) > 1, name  # games differ
+        played = _signatures(log)
+        assert sorted(played) == list(config.seeds)
+        assert len(set(played.values())) == workers and os.getpid() not in played.values()
+
+
+def test_the_scripted_demonstrator_plays_in_processes_as_here(tmp_path: Path) -> None:
+    """The human-style Pong player keeps what it saw between steps; every game resets it,
+    so its copies in two processes play each game as one player would."""
+    spec = EnvSpec(game="pong")
+    demonstrator = make_demonstrator(spec, seed=0, style="human")
+    assert demonstrator.portable
+    here = play_games(demonstrator, spec, EvalConfig(episodes=4, max_steps=500, seed=9),
+                      progress=False)
+    log = tmp_path / "games.log"
+    there = play_games(Signing(demonstrator, log), spec,
+                       EvalConfig(episodes=4, max_steps=500, seed=9, workers=2),
+                       progress=False)
+    assert (there.scores, there.lengths) == (here.scores, here.lengths)
+    assert any(score != 0 for score in here.scores)  # points were won or lost
+    assert len(set(_signatures(log).values())) == 2
+
+
+def test_a_bad_action_in_a_process_is_raised_here() -> None:
+    """An agent in another process that picks a forbidden action stops the games with the
+    same `AgentActionError` it would raise here."""
+    spec = EnvSpec(game="pong", forbidden_actions=("FIRE",))
+    agent = RandomAgent(np.ones(6, dtype=bool))  # ignores the mask: FIRE comes up
+    config = EvalConfig(episodes=4, max_steps=200, seed=0)
+    with pytest.raises(AgentActionError, match="forbidden action FIRE") as here:
+        play_games(agent, spec, config, progress=False)
+    with pytest.raises(AgentActionError, match="forbidden action FIRE") as there:
+        play_games(agent, spec, EvalConfig(episodes=4, max_steps=200, seed=0, workers=2),
+                   progress=False)
+    assert str(there.value) == str(here.value)
+
+
+def test_a_process_that_dies_ends_the_games_in_one_line_and_takes_the_others(
+    tmp_path: Path
+) -> None:
+    """A process that ends mid-game without a word (killed, out of memory) is named with
+    its exit code, and the other processes do not outlive the call."""
+    spec = EnvSpec(game="pong")
+    log = tmp_path / "games.log"
+    agent = DiesOnSeed(RandomAgent(action_mask(spec)), log, seed=13)
+    with pytest.raises(GamesProcessError, match=r"ended before finishing them \(exit code 3"):
+        play_games(agent, spec, EvalConfig(episodes=6, seed=10, workers=2), progress=False)
+    pids = set(_signatures(log).values())
+    assert len(pids) == 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_oakemu_test_workers_give_the_scores_of_one_process(tmp_path: Path) -> None:
+    """`oakemu test --workers 2` prints the table of `--workers 1`, for the checkpoint and
+    the scripted demonstrator alike."""
+    spec = EnvSpec(game="breakout")
+    torch.manual_seed(0)
+    path = write_checkpoint(tmp_path / "bc.pt", spec, model=_varied_model(spec))
+
+    def scores(workers: int) -> dict[str, list[float]]:
+        result = CliRunner().invoke(cli, [
+            "test", str(path), "--demonstrator", "scripted", "--style", "human",
+            "--episodes", "4", "--max-steps", "200", "--seed", "3", "--workers",
+            str(workers), "--json"])
+        assert result.exit_code == 0, result.output
+        return {k: v["scores"] for k, v in json.loads(result.output).items()}
+
+    one = scores(1)
+    assert set(one) == {"checkpoint", "scripted"}
+    assert scores(2) == one
