@@ -16,8 +16,8 @@ With `--games N`, each round also plays N games of at most `--max-steps` steps t
 `BATCH_GAMES` games sharing each forward pass), alternating which goes first, and prints
 the median steps/s of each, their ratio, and whether every game scored alike both ways.
 
-With `--games N --workers W [W ...]`, each round also plays the N games together in this
-process on the last of `--threads`, and on W processes of one thread each
+With `--games N --workers W [W ...]` instead, each round plays the N games together in
+this process on the last of `--threads`, and on W processes of one thread each
 (`EvalConfig.workers`, the time of starting them included), alternating which goes
 first, and prints the median steps/s of each, the ratio to this process, and whether
 every game scored alike.
@@ -119,7 +119,9 @@ def main() -> None:
         print(f"{threads:>7}  {torch_rate:>13,.0f}  {onnx_rate:>12,.0f}  "
               f"{onnx_rate / torch_rate:>9.2f}x")
     print("same actions on every step" if same else "the engines chose differently somewhere")
-    if args.games:
+    if args.workers:
+        processes(args, model, mask, spec)
+    elif args.games:
         print(f"{args.games} games of at most {args.max_steps} steps, default engine, "
               f"{args.rounds} rounds")
         print(f"{'threads':>7}  {'in turn steps/s':>15}  {'together steps/s':>16}  "
@@ -140,8 +142,6 @@ def main() -> None:
             print(f"{threads:>7}  {turn:>15,.0f}  {both:>16,.0f}  {both / turn:>15.2f}x")
         print("every game scored alike both ways" if alike
               else "some game scored differently together")
-    if args.workers:
-        processes(args, model, mask, spec)
 
 
 def processes(args, model, mask, spec) -> None:

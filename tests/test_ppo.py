@@ -370,9 +370,14 @@ def test_short_run_writes_checkpoints_metrics_and_tensorboard(tmp_path: Path) ->
     assert "optimizer" not in final.extra  # ppo.pt is for playing, not resuming
     assert set(final.extra["eval"]) == {"eval/greedy_return", "eval/greedy_return_std",
                                         "eval/greedy_return_sem", "eval/episodes",
-                                        "eval/greedy_length"}
+                                        "eval/greedy_length", "eval/seconds"}
     assert final.extra["eval"]["eval/greedy_length"] == 10  # cut at eval_max_steps
-    assert set(final.extra["timings"]) == {"env", "inference", "learn"}
+    assert set(final.extra["timings"]) == {"env", "inference", "learn", "evaluation"}
+    # the evaluations' time is theirs alone, and the sum of what each took
+    evaluated = [r["eval/seconds"] for r in read_metrics(run_dir / "ppo_metrics.jsonl")
+                 if "eval/seconds" in r]
+    assert len(evaluated) >= 2 and all(seconds > 0 for seconds in evaluated)
+    assert last.extra["timings"]["evaluation"] == pytest.approx(sum(evaluated))
 
     records = read_metrics(run_dir / "ppo_metrics.jsonl")
     updates = [r for r in records if "charts/update" in r]

@@ -666,17 +666,20 @@ class _Trainer:
         config = self.config
         # The training threads idle while the games play: each of their cores plays games
         # in a process of its own (docs/results.md, "Greedy play speed").
+        start = time.perf_counter()
         result = play_games(agent, self.spec, EvalConfig(
             episodes=config.eval_episodes, seed=config.eval_seed,
             max_steps=config.eval_max_steps, workers=torch.get_num_threads()),
             progress=False)
+        seconds = time.perf_counter() - start
+        self.collector.timings.evaluation += seconds
         point = {"update": update, "global_step": self.steps_done(), "mean": result.mean,
                  "sem": None if np.isnan(result.sem) else result.sem,
                  "episodes": result.episodes}
         self.evaluations.append(point)
         record = {"eval/greedy_return": result.mean, "eval/greedy_return_std": result.std,
                   "eval/greedy_return_sem": result.sem, "eval/episodes": result.episodes,
-                  "eval/greedy_length": result.mean_length}
+                  "eval/greedy_length": result.mean_length, "eval/seconds": seconds}
         if self.best is None or result.mean >= self.best["mean"]:  # the later of a tie
             self.best = point | {"state_dict": plain_state_dict(self.model),
                                  "rank_weight_sha256": digests, "eval": record}
@@ -738,10 +741,12 @@ class _Trainer:
             runs.remember_run(self.run_dir)
         if self.progress:
             t = self.collector.timings
-            total = max(t.env + t.inference + t.learn, 1e-9)
-            tqdm.write(f"time: env {t.env:.0f}s ({100 * t.env / total:.0f}%), inference "
-                       f"{t.inference:.0f}s ({100 * t.inference / total:.0f}%), learning "
-                       f"{t.learn:.0f}s ({100 * t.learn / total:.0f}%)")
+            parts = {"env": t.env, "inference": t.inference, "learning": t.learn,
+                     "evaluation games": t.evaluation}
+            total = max(sum(parts.values()), 1e-9)
+            tqdm.write("time: " + ", ".join(f"{name} {seconds:.0f}s "
+                                            f"({100 * seconds / total:.0f}%)"
+                                            for name, seconds in parts.items()))
         return path
 
 

@@ -43,9 +43,12 @@ class Timings:
     env: float = 0.0
     inference: float = 0.0
     learn: float = 0.0
+    evaluation: float = 0.0
+    """Greedy evaluation games (PPO's selection), where the training waits."""
 
     def as_dict(self) -> dict[str, float]:
-        return {"env": self.env, "inference": self.inference, "learn": self.learn}
+        return {"env": self.env, "inference": self.inference, "learn": self.learn,
+                "evaluation": self.evaluation}
 
 
 @dataclass
