@@ -219,7 +219,8 @@ def run_worker(side: str, args: argparse.Namespace, threads: int, seed: int) -> 
 
 def split_text(side: str, split: dict) -> str:
     total = sum(split.values())
-    parts = ", ".join(f"{k} {v:5.1f}s ({100 * v / total:3.0f}%)" for k, v in split.items())
+    parts = ", ".join(f"{k} {v:5.1f}s ({100 * v / total:3.0f}%)" for k, v in split.items()
+                      if v or k != "evaluation")  # these runs play no evaluation games
     return f"{side:<5} {parts}"
 
 

@@ -419,8 +419,8 @@ def test_ppo_ships_the_policy_its_evaluations_picked(
 ) -> None:
     """Every evaluation plays the same selection games; ppo.pt holds the weights of the
     evaluation with the best mean as the metrics record it (the latest of a tie), with
-    its score ± SE, and ppo_last.pt the last update's. With two training threads the
-    games play in two processes, and ppo.pt replays its score here."""
+    its score ± SE, and ppo_last.pt the last update's. The run trains on two threads, so
+    its evaluations play on two processes; ppo.pt replays its selection score here."""
     seen: dict[int, dict[str, torch.Tensor]] = {}
     original = ppo_module._Trainer.evaluate
 

@@ -312,6 +312,24 @@ def test_human_wins_pong_points() -> None:
     assert won >= 4 and won > 2 * lost, (won, lost)
 
 
+def test_human_pong_forgets_its_plan_values_with_each_game() -> None:
+    """The human-style Pong player caches its plan values by a rounded ball position, so a
+    hit may return a nearby ball's value: a cache kept across games made a game play
+    differently after other games than alone (or in another process). A new game starts
+    with none."""
+    spec = EnvSpec(game="pong")
+    agent = make_demonstrator(spec, seed=0, style="human")
+    assert isinstance(agent, PongHuman)
+    play(spec, agent, 1500, seed=3)
+    assert agent._worth, "the game's rallies filled the cache"
+    env = make_env(spec)
+    try:
+        agent.reset(env, 4)
+    finally:
+        env.close()
+    assert agent._worth == {}
+
+
 def test_human_breaks_breakout_bricks() -> None:
     spec = EnvSpec(game="breakout")
     _, total = play(spec, make_demonstrator(spec, seed=0, style="human"), 1000)

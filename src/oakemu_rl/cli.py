@@ -450,7 +450,9 @@ def ppo(**options) -> None:
                    "training games do (seeded by each game's seed, so reruns repeat).")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
               help="Processes that play the games, one thread each (the scores are the "
-                   "same); up to one per core is faster. A filmed game plays here.")
+                   "same); up to one per core is faster. With --video, and for a player "
+                   "that cannot move to another process (a model on a GPU, a Game Boy "
+                   "script), they play here.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the scores as JSON.")
 @click.pass_context

@@ -1,10 +1,11 @@
 """One process of `play_games` with several workers: `python -m oakemu_rl.agents.games_worker`.
 
 It reads one pickled job on stdin (the parent's import path, the pickled agent, the spec,
-the config, its games and the parent's pid), plays its games with the agent on one thread,
-and writes pickled messages on stdout: ("game", worker, episode, score, length) as each
-game ends, then ("done", worker), or ("error", worker, exception) for what stopped it.
-Anything else the process prints goes to stderr, so it cannot corrupt the messages.
+the config and its games), plays its games with the agent on one thread, and writes
+pickled messages on stdout: ("game", worker, episode, score, length) as each game ends,
+then ("done", worker), or ("error", worker, exception) for what stopped it. Anything else
+the process prints goes to stderr, so it cannot corrupt the messages. The parent keeps
+stdin open while it listens: its end of file, however the parent ended, ends this process.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 from typing import Any
 
 
@@ -20,28 +22,42 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends its processes
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints (emulator banners) go to stderr, not into the messages
-    path, blob, spec, config, episodes, parent = pickle.load(sys.stdin.buffer)
-    sys.path[:] = path  # where the parent found the agent's classes
-    worker = episodes.start
+    worker = -1
 
     def send(message: tuple[Any, ...]) -> None:
-        if os.getppid() != parent:  # the parent is gone: nobody reads the scores
-            os._exit(1)
         pickle.dump(message, out)
         out.flush()
 
     try:
+        path, blob, spec, config, episodes = pickle.load(sys.stdin.buffer)
+        threading.Thread(target=_end_with_parent, daemon=True).start()
+        sys.path[:] = path  # where the parent found the agent's classes
+        worker = episodes.start
+
+        import cv2
         import torch
 
         from .play import _play_here
 
-        torch.set_num_threads(1)  # before the agent is rebuilt: its engine takes this count
+        # One thread each, set before the agent is rebuilt (its engine takes torch's count);
+        # the frame resizing's own pool ignores OMP_NUM_THREADS.
+        torch.set_num_threads(1)
+        cv2.setNumThreads(1)
         _play_here(pickle.loads(blob), spec, config, episodes,
                    lambda episode, score, length: send(("game", worker, episode, score,
                                                         length)))
         send(("done", worker))
     except BaseException as error:  # every error goes to the parent
         send(("error", worker, _sendable(error)))
+
+
+def _end_with_parent() -> None:
+    """Wait for the end of stdin (the parent closed it or is gone), then end at once. It
+    reads the file descriptor itself: a thread blocked inside sys.stdin's buffer would
+    hold its lock while the interpreter shuts down."""
+    while os.read(0, 65536):
+        pass
+    os._exit(1)
 
 
 def _sendable(error: BaseException) -> BaseException:

@@ -20,6 +20,7 @@ each, run side by side (benchmarks/greedy_play.py --workers).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import os
@@ -330,8 +331,9 @@ def _play_in_processes(agent: Any, spec: EnvSpec, config: EvalConfig, workers: i
                        finished: Finished) -> None:
     """Deal the games round-robin to `workers` new Python processes (`games_worker`), each
     playing its share with a copy of `agent` on one thread, and hear of each game as it
-    ends. An error in a process is raised here as it was raised there; the processes never
-    outlive the call.
+    ends. An error in a process is raised here as it was raised there. The processes end
+    with the call, however it ends; each also ends at once when this process is gone (its
+    stdin, which this process holds open, reaches end of file).
 
     New interpreters rather than forks: a forked copy of a process whose torch or
     onnxruntime threads are running can hang, and unlike multiprocessing's spawn they do
@@ -342,16 +344,14 @@ def _play_in_processes(agent: Any, spec: EnvSpec, config: EvalConfig, workers: i
     messages: queue.Queue = queue.Queue()
     processes: list[subprocess.Popen] = []
     try:
-        for worker in range(workers):
-            process = subprocess.Popen([sys.executable, "-m", "oakemu_rl.agents.games_worker"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-            processes.append(process)
-            assert process.stdin is not None and process.stdout is not None
-            job = (sys.path, blob, spec, config, range(worker, config.episodes, workers),
-                   os.getpid())
-            process.stdin.write(pickle.dumps(job))
-            process.stdin.close()
-            threading.Thread(target=_relay, args=(worker, process.stdout, messages),
+        for _ in range(workers):  # all start before any job is written: imports overlap
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "oakemu_rl.agents.games_worker"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
+        for worker, process in enumerate(processes):
+            job = pickle.dumps((sys.path, blob, spec, config,
+                                range(worker, config.episodes, workers)))
+            threading.Thread(target=_relay, args=(worker, process, job, messages),
                              daemon=True).start()
         done = 0
         while done < workers:
@@ -363,28 +363,35 @@ def _play_in_processes(agent: Any, spec: EnvSpec, config: EvalConfig, workers: i
             elif kind == "end":
                 done += 1
                 if not rest[0]:  # the output ended before the process said it was done
-                    code = processes[worker].wait()
+                    process = processes[worker]
+                    if process.poll() is None:
+                        process.kill()
                     raise GamesProcessError(
                         f"a process playing games ended before finishing them (exit code "
-                        f"{code}: killed, or out of memory?); no scores were kept")
+                        f"{process.wait()}: killed, or out of memory?); no scores were kept")
     finally:
         for process in processes:
             if process.poll() is None:
                 process.kill()
             process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
+            for stream in (process.stdin, process.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
 
 
-def _relay(worker: int, stream: Any, messages: queue.Queue) -> None:
-    """Pass one process's messages on, then ("end", worker, whether it said "done")."""
+def _relay(worker: int, process: subprocess.Popen, job: bytes, messages: queue.Queue) -> None:
+    """Give one process its job, then pass its messages on, then ("end", worker, whether it
+    said "done")."""
     said_done = False
     try:
+        process.stdin.write(job)
+        process.stdin.flush()  # the pipe stays open: its end tells the process to stop
         while not said_done:
-            message = pickle.load(stream)
+            message = pickle.load(process.stdout)
             said_done = message[0] == "done"
             if not said_done:
                 messages.put(message)
-    except Exception:  # end of file, or a cut-off message: the process is gone
+    except Exception:  # a closed pipe, end of file or a cut-off message: the process is gone
         pass
     messages.put(("end", worker, said_done))

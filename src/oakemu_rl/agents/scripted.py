@@ -634,7 +634,6 @@ class _HumanPlayer(_RamDemonstrator):
         self._fresh = (self._first_dir == 0) | (self._first_len >= self.HOLD) | self._first_open
         self._spots = np.arange(math.floor(self.response.lo), math.ceil(self.response.hi) + 1,
                                 dtype=float)
-        self._worth: dict[tuple[Any, ...], np.ndarray] = {}
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -644,6 +643,10 @@ class _HumanPlayer(_RamDemonstrator):
         self._taken: deque[int] = deque([0] * (self.DELAY + 4), maxlen=self.DELAY + 4)
         self._run = (0, 0)  # direction of the key down (0: none) and steps it has been down
         self._run_before = (0, 0)
+        # The plan values are cached by a rounded ball position, so a hit can return the
+        # value of a nearby ball: kept across games, an earlier game would change a later
+        # one, and a game would play differently alone or in another process.
+        self._worth: dict[tuple[Any, ...], np.ndarray] = {}
 
     def act(self, env: Any, observation: np.ndarray) -> int:
         self._seen.appendleft(self._look(env.unwrapped.ale.getRAM()))
