@@ -267,11 +267,14 @@ def _check_scripted(env: EnvSpec, demos: DemoSource, bc: BCConfig) -> None:
 # -- state ------------------------------------------------------------------------------------
 
 
-LATER_OPTIONS = frozenset({"label_rollouts", "relabel_noise", "fire_reset", "sharpen"})
+LATER_OPTIONS = frozenset({"label_rollouts", "relabel_noise", "fire_reset", "sharpen",
+                           "PPOConfig.precision"})
 """Stage options added after run directories were made with this version's stages: a
 stage's fingerprint leaves each out while it holds its default, so that adding an option
-does not make every earlier run's stages stale (and rerun them). A test pins each stage's
-default fingerprint, so an option added without a place here fails it."""
+does not make every earlier run's stages stale (and rerun them). A name alone covers that
+option in every stage; `Config.name` covers it in one config class only (bc has always had
+a `precision`). A test pins each stage's default fingerprint, so an option added without a
+place here fails it."""
 
 
 SPEED_OPTIONS = frozenset({"workers"})
@@ -285,8 +288,8 @@ def _settings(config: Any, settings: dict[str, Any] | None = None) -> dict[str, 
     given: the env spec's is `EnvSpec.to_dict()`)."""
     settings = dataclasses.asdict(config) if settings is None else dict(settings)
     for item in dataclasses.fields(config):
-        if item.name in SPEED_OPTIONS or (item.name in LATER_OPTIONS
-                                          and settings[item.name] == item.default):
+        later = {item.name, f"{type(config).__name__}.{item.name}"} & LATER_OPTIONS
+        if item.name in SPEED_OPTIONS or (later and settings[item.name] == item.default):
             del settings[item.name]
     return settings
 

@@ -48,17 +48,17 @@ from ..checkpoint import (
     plain_state_dict,
     save_checkpoint,
 )
-from ..configs import check_options
+from ..configs import check_choice, check_options
 from ..demos import open_demo_files
 from ..demos.dataset import DemoDataset, split_episodes
 from ..envs import EnvSpec, require_same_env
 from ..errors import ConfigError, OakEmuError, check_finite
 from ..metrics import MetricsLogger
-from ..model import PPOModel
+from ..model import PPOModel, mixed_forward, mixed_logits
 from ..rl.losses import PPOBatch, PPOCoefficients, bc_loss, ppo_loss
 from ..rl.returns import gae
 from ..rl.rollout import Rollout, RolloutCollector
-from ..runtime import SEED_MAX, resolve_device, torch_threads
+from ..runtime import PRECISIONS, SEED_MAX, autocast_dtype, resolve_device, torch_threads
 
 LAST = "ppo_last.pt"
 
@@ -152,6 +152,10 @@ class PPOConfig:
     threads: int = 1
     """Torch CPU threads while training (0: leave torch's default), and as many processes
     play the evaluation games."""
+    precision: str = "auto"
+    """Trunk arithmetic in rollouts and learning steps: fp32, bf16 (autocast on the conv
+    trunk; weights, heads, logits and losses stay fp32) or auto (bf16 on a GPU that
+    supports it, fp32 on the CPU). Evaluation games and the saved policy are fp32."""
 
     def __post_init__(self) -> None:
         try:  # (a wrong type or count is refused below, by name)
@@ -190,6 +194,7 @@ class PPOConfig:
             ("threads", self.threads >= 0, "≥ 0"),
             ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
         ], stage="ppo")
+        check_choice("ppo", "precision", self.precision, PRECISIONS)
 
     @property
     def selection_seeds(self) -> range:
@@ -405,6 +410,7 @@ class _Trainer:
              {"params": list(model.value_head.parameters()), "name": "value_head"}],
             lr=config.lr, eps=1e-5)
         self.mask = start.action_mask_tensor().to(device)
+        self.amp = autocast_dtype(config.precision, device)
         self.first_update, self.global_step = 1, 0
         self.saved = False  # whether ppo_last.pt holds a good state of this run
         self.demo_batches: Any = None
@@ -475,7 +481,7 @@ class _Trainer:
             learning, self.model, self.mask, num_envs=config.num_envs,
             num_steps=config.num_steps, device=self.device,
             seed=config.seed + self.first_update + self.world.rank * config.num_envs,
-            labeller=config.label_rollouts)
+            labeller=config.label_rollouts, amp=self.amp)
         self.collector.global_step = self.global_step // self.world.world_size
         bar = tqdm(total=self.num_updates, initial=self.first_update - 1,
                    disable=not self.progress, desc="ppo", unit="update")
@@ -571,7 +577,7 @@ class _Trainer:
         kl_w, bc_w = kl_weight(config, update), bc_weight(config, update)
         if kl_w > 0:  # the frozen policy's logits, once per rollout, not per epoch
             with torch.no_grad():
-                ref = torch.cat([self.reference.get_logits(obs[b:b + size])
+                ref = torch.cat([mixed_logits(self.reference, obs[b:b + size], self.amp)
                                  for b in range(0, config.batch_size, size)])
             batch = dataclasses.replace(batch, ref_logits=ref)
         coef = dataclasses.replace(config.coefficients, kl_weight=kl_w)
@@ -613,11 +619,11 @@ class _Trainer:
         if self.world.enabled and coef.norm_adv:
             batch = dataclasses.replace(batch, advantages=self.normalized(batch.advantages))
             coef = dataclasses.replace(coef, norm_adv=False)
-        logits, values = self.model(obs)
+        logits, values = mixed_forward(self.model, obs, self.amp)
         loss, stats = ppo_loss(logits, values.squeeze(-1), self.mask, batch, coef)
         if self.demo_batches is not None and bc_w > 0:
             demo_obs, demo_actions = next(self.demo_batches)
-            bc = bc_loss(self.model.get_logits(demo_obs.to(self.device)),
+            bc = bc_loss(mixed_logits(self.model, demo_obs.to(self.device), self.amp),
                          demo_actions.to(self.device), self.mask)
             loss = loss + bc_w * bc
             stats["bc"] = bc.detach()

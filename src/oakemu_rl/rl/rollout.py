@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..envs import EnvSpec, make_vector_env
-from ..model import PPOModel, masked_log_softmax
+from ..model import PPOModel, masked_log_softmax, mixed_forward
 
 
 @dataclass
@@ -72,7 +72,9 @@ _SAMPLING_SALT = 0x5EED_0000
 
 
 class RolloutCollector:
-    """Steps `num_envs` emulators with a policy, `num_steps` at a time."""
+    """Steps `num_envs` emulators with a policy, `num_steps` at a time. With `amp` the
+    policy's trunk runs under autocast to that dtype, as PPO's learning steps run it, so
+    the rollout's log-probabilities are those the learning steps start from."""
 
     def __init__(
         self,
@@ -86,6 +88,7 @@ class RolloutCollector:
         seed: int = 0,
         greedy: bool = False,
         labeller: str | None = None,
+        amp: torch.dtype | None = None,
     ) -> None:
         self.spec = spec
         self.model = model
@@ -94,6 +97,7 @@ class RolloutCollector:
         self.num_steps = num_steps
         self.device = device
         self.greedy = greedy
+        self.amp = amp
         self.env = make_vector_env(spec.for_evaluation(), num_envs, same_step_reset=True,
                                    labeller=labeller)
         obs, info = self.env.reset(seed=seed)
@@ -126,7 +130,7 @@ class RolloutCollector:
     def _act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(action, its log-probability, value) per env: the argmax when greedy, else a
         sample of the masked policy (Gumbel-max with each env's own noise)."""
-        logits, value = self.model(obs)
+        logits, value = mixed_forward(self.model, obs, self.amp)
         log_probs = masked_log_softmax(logits, self.mask)
         if self.greedy:
             action = log_probs.argmax(-1)
@@ -191,9 +195,10 @@ class RolloutCollector:
         next_values = torch.empty_like(self._values)
         next_values[:-1] = self._values[1:]
         last = torch.from_numpy(self.next_obs).to(self.device)
-        next_values[-1] = self.model.get_value(last)
+        next_values[-1] = mixed_forward(self.model, last, self.amp)[1][:, 0]
         for t, ids, final in finals:
-            final_values = self.model.get_value(torch.from_numpy(final).to(self.device))
+            final_obs = torch.from_numpy(final).to(self.device)
+            final_values = mixed_forward(self.model, final_obs, self.amp)[1][:, 0]
             next_values[t, torch.from_numpy(ids).to(self.device)] = final_values
         self.timings.inference += time.perf_counter() - start
         self.model.train(model_was_training)
