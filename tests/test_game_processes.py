@@ -24,8 +24,10 @@ from oakemu_rl.agents.play import (
     GamesProcessError,
     play_games,
 )
+from oakemu_rl.agents.recording import RecordConfig, record
 from oakemu_rl.agents.scripted import make_demonstrator
 from oakemu_rl.cli import cli
+from oakemu_rl.demos import DemoFile
 from oakemu_rl.envs import EnvSpec, action_mask
 
 
@@ -137,3 +139,60 @@ def test_oakemu_test_workers_give_the_scores_of_one_process(tmp_path: Path) -> N
     one = scores(1)
     assert set(one) == {"checkpoint", "scripted"}
     assert scores(2) == one
+
+
+def _episodes(path: Path) -> list[tuple]:
+    """Every episode of a demo file, in order: its info and each of its arrays."""
+    with DemoFile(path) as demos:
+        return [(dataclasses.astuple(info),
+                 *(demos.read(info.index, key).tolist() for key in
+                   ("actions", "rewards", "terminations", "truncations")),
+                 demos.read(info.index, "frames").tobytes())
+                for info in demos.episodes]
+
+
+def test_recording_in_processes_writes_the_file_of_one_process(tmp_path: Path) -> None:
+    """`record` with two processes writes the demo file one process writes, game for game
+    in seed order: the human-style player recording, and a policy playing while that
+    player labels (a relabelling round). Other processes played the games."""
+    spec = EnvSpec(game="pong")
+    driver = greedy_agent(_varied_model(spec), action_mask(spec), device="cpu",
+                          engine="onnx")
+    for name, with_driver in (("recorded", False), ("relabelled", True)):
+        log = tmp_path / f"{name}.log"
+        files = {}
+        for workers in (1, 2):
+            player = make_demonstrator(spec, seed=0, style="human")
+            signed = Signing(driver if with_driver else player, log)
+            agents = (player, signed) if with_driver else (signed, None)
+            files[workers] = tmp_path / f"{name}-{workers}.h5"
+            result = record(RecordConfig(out=files[workers], spec=spec, episodes=4, seed=20,
+                                         max_steps=300, progress=False, workers=workers),
+                            *agents)
+            assert [e["seed"] for e in result.episodes] == [20, 21, 22, 23]
+        one, two = _episodes(files[1]), _episodes(files[2])
+        assert one == two, name
+        assert [info[5] for info, *_ in one] == [20, 21, 22, 23]
+        assert len({actions and tuple(actions) for _, actions, *_ in one}) == 4  # games differ
+        pids = [pid for seed, pid in sorted(_signatures_of_all(log))]
+        assert pids[:4] == [os.getpid()] * 4  # one process: here
+        assert len(set(pids[4:])) == 2 and os.getpid() not in pids[4:], name
+
+
+def _signatures_of_all(log: Path) -> list[tuple[int, int]]:
+    """(order signed, pid) of every game in the log, a seed played more than once kept."""
+    return [(n, int(line.split()[0])) for n, line in enumerate(log.read_text().splitlines())]
+
+
+def test_a_recording_process_that_dies_keeps_the_games_before_it(tmp_path: Path) -> None:
+    """A process that dies mid-game ends the recording in one line; the file keeps the
+    games committed before, in seed order from the first, and still opens."""
+    spec = EnvSpec(game="pong")
+    out = tmp_path / "demos.h5"
+    agent = DiesOnSeed(RandomAgent(action_mask(spec)), tmp_path / "games.log", seed=13)
+    with pytest.raises(GamesProcessError, match=r"ended before finishing them \(exit code 3"):
+        record(RecordConfig(out=out, spec=spec, episodes=6, seed=10, max_steps=100,
+                            progress=False, workers=2), agent)
+    with DemoFile(out) as demos:
+        seeds = [info.seed for info in demos.episodes]
+    assert seeds == [10, 11, 12][:len(seeds)]  # a prefix: game 3 (seed 13) never came

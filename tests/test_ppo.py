@@ -46,6 +46,7 @@ from oakemu_rl.finetune.ppo import (
     policy_lr_factor,
 )
 from oakemu_rl.metrics import read_metrics
+from oakemu_rl.model import mixed_forward, mixed_logits
 from oakemu_rl.rl import losses as losses_module
 from oakemu_rl.rl.losses import (
     PPOBatch,
@@ -1101,3 +1102,87 @@ def test_label_rollouts_are_refused_where_no_script_can_give_them(tmp_path: Path
     with pytest.raises(ConfigError, match=r"needs a Game Boy game.*pong is an Atari game"):
         run_ppo(run_dir, tiny(1, bc_coef=1.0, label_rollouts="planner"))
     assert not (run_dir / "ppo_metrics.jsonl").exists()
+
+
+# -- bf16 trunk -----------------------------------------------------------------------------
+
+
+def test_bf16_runs_the_trunk_in_bf16_and_the_heads_in_fp32() -> None:
+    """`mixed_forward` under bf16: the convolutions and the trunk's linear layer compute in
+    bf16, the heads read fp32 features and give fp32 logits and values, near the fp32
+    forward's but not equal to them. Gradients reach every parameter in fp32."""
+    model = start_model()
+    seen: dict[str, torch.dtype] = {}
+    layers = {"conv": model.conv[0], "fc": model.fc[0], "policy_head": model.policy_head,
+              "value_head": model.value_head}
+    for name, module in layers.items():
+        module.register_forward_hook(
+            lambda m, args, out, name=name: seen.update({name: out.dtype,
+                                                         f"{name} in": args[0].dtype}))
+    x = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (5, 4, 84, 84),
+                                                             dtype=np.uint8))
+    logits32, values32 = mixed_forward(model, x, None)
+    assert set(seen.values()) == {torch.float32}
+    logits, values = mixed_forward(model, x, torch.bfloat16)
+    assert {k: v for k, v in seen.items() if not k.endswith(" in")} == {
+        "conv": torch.bfloat16, "fc": torch.bfloat16,
+        "policy_head": torch.float32, "value_head": torch.float32}
+    assert seen["policy_head in"] == seen["value_head in"] == torch.float32
+    assert logits.dtype == values.dtype == torch.float32
+    assert logits.shape == (5, 6) and values.shape == (5, 1)
+    assert not torch.equal(logits, logits32)
+    assert torch.allclose(logits, logits32, atol=0.05) and \
+        torch.allclose(values, values32, atol=0.05)
+    assert torch.equal(mixed_logits(model, x, torch.bfloat16), logits)
+    (logits.sum() + values.sum()).backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None and parameter.grad.dtype == torch.float32, name
+        assert parameter.grad.abs().sum() > 0, name
+
+
+def test_a_bf16_rollout_scores_its_actions_as_the_bf16_learning_step_does() -> None:
+    """With amp the collector's log-probabilities and values are the bf16 forward's on the
+    frames it stored, so PPO's first ratio starts at 1; they are not the fp32 forward's."""
+    model = start_model()
+    with torch.no_grad():  # logits of a clone's size, not a fresh head's near-zero ones
+        model.policy_head.weight.mul_(300.0)
+    mask = torch.ones(6, dtype=torch.bool)
+    collector = RolloutCollector(spec_for(), model, mask, num_envs=2, num_steps=12,
+                                 device=torch.device("cpu"), seed=4, amp=torch.bfloat16)
+    try:
+        rollout = collector.collect()
+    finally:
+        collector.close()
+    obs = rollout.obs.reshape(-1, 4, 84, 84)
+    actions = rollout.actions.reshape(-1, 1)
+    with torch.no_grad():
+        scored = {}
+        for dtype in (torch.bfloat16, None):
+            logits, values = mixed_forward(model, obs, dtype)
+            log_probs = torch.log_softmax(logits, -1).gather(-1, actions)[:, 0]
+            scored[dtype] = (log_probs, values[:, 0])
+    error = (rollout.log_probs.reshape(-1) - scored[torch.bfloat16][0]).abs().max()
+    gap = (rollout.log_probs.reshape(-1) - scored[None][0]).abs().max()
+    assert error < 1e-3 < gap and error < gap / 10  # the fp32 forward scores them otherwise
+    assert torch.allclose(rollout.values.reshape(-1), scored[torch.bfloat16][1], atol=1e-3)
+
+
+def test_a_bf16_run_learns_and_saves_fp32_weights(tmp_path: Path) -> None:
+    """`precision="bf16"` trains every tensor, saves fp32 weights and records its
+    precision; from the same start and seed it ends elsewhere than the fp32 run."""
+    ends = {}
+    for precision in ("bf16", "fp32"):
+        run_dir = tmp_path / precision
+        write_start(run_dir)
+        start = load_checkpoint(run_dir / "calibrated.pt").state_dict
+        path = run_ppo(run_dir, tiny(2, warmup_updates=0, warmup_ramp_updates=0, lr=1e-3,
+                                     precision=precision))
+        final = load_checkpoint(path)
+        assert final.config["precision"] == precision
+        for name, tensor in final.state_dict.items():
+            assert tensor.dtype == torch.float32 and torch.isfinite(tensor).all(), name
+            assert not torch.equal(tensor, start[name]), f"{name} did not learn"
+        ends[precision] = final.state_dict
+    assert any(not torch.equal(ends["bf16"][k], ends["fp32"][k]) for k in ends["fp32"])
+    with pytest.raises(ConfigError, match="fp16"):
+        PPOConfig(precision="fp16")

@@ -188,11 +188,14 @@ def _given_spec_options(ctx: click.Context) -> list[str]:
                    "frames a second; 15 steps at Atari's frame skip 4).")
 @click.option("--max-steps", type=click.IntRange(1), default=None,
               help="Cut each episode after this many agent steps.")
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
+              help="Processes that play the games side by side, one thread each (scripted "
+                   "players, and policies on the CPU); the file is the same as with one.")
 @seed_option()
 @click.option("--device", default="auto", show_default=True, help="--policy: auto, cpu or cuda.")
 def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, noise: float,
            style: str, relabel_path: str | None, fps: float | None, max_steps: int | None,
-           seed: int, device: str, **spec_options) -> None:
+           workers: int, seed: int, device: str, **spec_options) -> None:
     """Record demonstrations into an HDF5 file (one committed episode at a time)."""
     from pathlib import Path
 
@@ -210,7 +213,7 @@ def record(out: str, episodes: int, demonstrator: str, policy_path: str | None, 
         click.echo(key_map_text(spec))
     path = Path(out.format(game=spec.game))
     config = RecordConfig(out=path, spec=spec, episodes=episodes, seed=seed,
-                          max_steps=max_steps, progress=not keyboard)
+                          max_steps=max_steps, progress=not keyboard, workers=workers)
     try:
         result = run_record(config, agent, driver)
     except KeyboardInterrupt:

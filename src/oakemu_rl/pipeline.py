@@ -54,6 +54,9 @@ class DemoSource:
     """Cut each recorded episode after this many agent steps."""
     seed: int = 0
     """Seed of the first recorded episode."""
+    workers: int = 0
+    """Processes that play the recorded games, one thread each (0: one per usable core, as
+    the pipeline runs one stage at a time); the file does not depend on it."""
 
     def __post_init__(self) -> None:
         check_options(self, [
@@ -61,6 +64,7 @@ class DemoSource:
             ("noise", 0 <= self.noise <= 1, "in [0, 1]"),
             ("max_steps", self.max_steps is None or self.max_steps >= 1, "≥ 1"),
             ("seed", 0 <= self.seed <= SEED_MAX, f"from 0 to {SEED_MAX}"),
+            ("workers", self.workers >= 0, "≥ 0"),
         ], section="demos")
 
 
@@ -277,9 +281,10 @@ a `precision`). A test pins each stage's default fingerprint, so an option added
 place here fails it."""
 
 
-SPEED_OPTIONS = frozenset({"workers"})
+SPEED_OPTIONS = frozenset({"workers", "relabel_workers"})
 """Stage options that change how fast a stage runs and never what it makes (the test
-stage's scores are the same on any number of processes): no fingerprint covers them, so
+stage's scores and the recorded games are the same on any number of processes): no
+fingerprint covers them, so
 changing one reruns nothing."""
 
 
@@ -432,7 +437,8 @@ class PipelineRun:
                                       style=p.demos.style)
             result = record(RecordConfig(out=demo_path, spec=spec, episodes=p.demos.episodes,
                                          seed=p.demos.seed, max_steps=p.demos.max_steps,
-                                         progress=self.progress), agent)
+                                         progress=self.progress,
+                                         workers=p.demos.workers or usable_cpus()), agent)
             returns = [e["return"] for e in result.episodes]
             return {"episodes": len(returns), "steps": sum(e["length"] for e in result.episodes),
                     "mean_return": sum(returns) / len(returns)}

@@ -53,8 +53,9 @@ PRECISIONS = ("auto", "fp32", "bf16")
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for `--precision` (None: plain fp32). `auto` takes bf16 on a CUDA
     GPU that supports it and fp32 on the CPU: even on a CPU with AVX512-BF16, bf16 autocast
-    bought more samples per second but no lower validation loss per minute (docs/results.md,
-    "bf16 autocast"). `bf16` insists on it."""
+    bought BC more samples per second but no lower validation loss per minute
+    (docs/results.md, "bf16 autocast"). `bf16` insists on it, which a preset may ask of
+    PPO (docs/results.md, "bf16 trunk in PPO")."""
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown --precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     if precision == "fp32":

@@ -1,15 +1,18 @@
-"""One process of `play_games` with several workers: `python -m oakemu_rl.agents.games_worker`.
+"""One process of `play.run_in_processes`: `python -m oakemu_rl.agents.games_worker`.
 
-It reads one pickled job on stdin (the parent's import path, the pickled agent, the spec,
-the config and its games), plays its games with the agent on one thread, and writes
-pickled messages on stdout: ("game", worker, episode, score, length) as each game ends,
-then ("done", worker), or ("error", worker, exception) for what stopped it. Anything else
-the process prints goes to stderr, so it cannot corrupt the messages. The parent keeps
-stdin open while it listens: its end of file, however the parent ended, ends this process.
+It reads one pickled job on stdin (the parent's import path, the "module:function" to run,
+its pickled arguments and this process's share of the games), runs the function on one
+thread, and writes pickled messages on stdout: ("game", worker, ...) for each report the
+function makes (a game's score and length when `play_games` deals the games, a recorded
+game's steps when `record` does), then ("done", worker), or ("error", worker, exception)
+for what stopped it. Anything else the process prints goes to stderr, so it cannot corrupt
+the messages. The parent keeps stdin open while it listens: its end of file, however the
+parent ended, ends this process.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import signal
@@ -29,23 +32,21 @@ def main() -> None:
         out.flush()
 
     try:
-        path, blob, spec, config, episodes = pickle.load(sys.stdin.buffer)
+        path, target, blob, share = pickle.load(sys.stdin.buffer)
         threading.Thread(target=_end_with_parent, daemon=True).start()
         sys.path[:] = path  # where the parent found the agent's classes
-        worker = episodes.start
+        worker = share.start
 
         import cv2
         import torch
 
-        from .play import _play_here
-
-        # One thread each, set before the agent is rebuilt (its engine takes torch's count);
-        # the frame resizing's own pool ignores OMP_NUM_THREADS.
+        # One thread each, set before the agents are rebuilt (an engine takes torch's
+        # count); the frame resizing's own pool ignores OMP_NUM_THREADS.
         torch.set_num_threads(1)
         cv2.setNumThreads(1)
-        _play_here(pickle.loads(blob), spec, config, episodes,
-                   lambda episode, score, length: send(("game", worker, episode, score,
-                                                        length)))
+        module, name = target.split(":")
+        function = getattr(importlib.import_module(module), name)
+        function(*pickle.loads(blob), share, lambda *message: send(("game", worker, *message)))
         send(("done", worker))
     except BaseException as error:  # every error goes to the parent
         send(("error", worker, _sendable(error)))

@@ -329,35 +329,44 @@ class GamesProcessError(OakEmuError):
 
 def _play_in_processes(agent: Any, spec: EnvSpec, config: EvalConfig, workers: int,
                        finished: Finished) -> None:
-    """Deal the games round-robin to `workers` new Python processes (`games_worker`), each
-    playing its share with a copy of `agent` on one thread, and hear of each game as it
-    ends. An error in a process is raised here as it was raised there. The processes end
-    with the call, however it ends; each also ends at once when this process is gone (its
-    stdin, which this process holds open, reaches end of file).
+    """Deal the games round-robin to `workers` processes (`run_in_processes`), each playing
+    its share with a copy of `agent` on one thread."""
+    run_in_processes(f"{__name__}:_play_here", (agent, spec, config),
+                     [range(worker, config.episodes, workers) for worker in range(workers)],
+                     finished)
+
+
+def run_in_processes(target: str, args: tuple[Any, ...], shares: Sequence[range],
+                     heard: Callable[..., None]) -> None:
+    """Run `target(*args, share, report)` ("module:function") in one new Python process
+    (`games_worker`) per share, each on one thread, and call `heard(*message)` here for
+    each `report(*message)` made there, as it comes. An error in a process is raised here
+    as it was raised there. The processes end with the call, however it ends; each also
+    ends at once when this process is gone (its stdin, which this process holds open,
+    reaches end of file).
 
     New interpreters rather than forks: a forked copy of a process whose torch or
     onnxruntime threads are running can hang, and unlike multiprocessing's spawn they do
     not re-run the caller's main script."""
-    blob = pickle.dumps(agent)
+    blob = pickle.dumps(args)
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     messages: queue.Queue = queue.Queue()
     processes: list[subprocess.Popen] = []
     try:
-        for _ in range(workers):  # all start before any job is written: imports overlap
+        for _ in shares:  # all start before any job is written: imports overlap
             processes.append(subprocess.Popen(
                 [sys.executable, "-m", "oakemu_rl.agents.games_worker"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
-        for worker, process in enumerate(processes):
-            job = pickle.dumps((sys.path, blob, spec, config,
-                                range(worker, config.episodes, workers)))
+        for worker, (process, share) in enumerate(zip(processes, shares, strict=True)):
+            job = pickle.dumps((sys.path, target, blob, share))
             threading.Thread(target=_relay, args=(worker, process, job, messages),
                              daemon=True).start()
         done = 0
-        while done < workers:
+        while done < len(processes):
             kind, worker, *rest = messages.get()
             if kind == "game":
-                finished(*rest)
+                heard(*rest)
             elif kind == "error":
                 raise rest[0]
             elif kind == "end":

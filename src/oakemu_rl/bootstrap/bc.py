@@ -29,7 +29,7 @@ from ..demos.dataset import DemoDataset, split_episodes
 from ..envs import EnvSpec, require_same_env
 from ..errors import ConfigError, DemoFileError, OakEmuError, check_finite
 from ..metrics import MetricsLogger
-from ..model import ARCHITECTURES, PPOModel
+from ..model import ARCHITECTURES, PPOModel, mixed_logits
 from ..plots import plot_bc_curves
 from ..rl.losses import bc_loss
 from ..runtime import PRECISIONS, SEED_MAX, autocast_dtype, resolve_device
@@ -68,8 +68,9 @@ class BCConfig:
     seed: int = 0
     """Seeds the split, the model init, the shuffling and the augmentation."""
     precision: str = "auto"
-    """Training arithmetic: fp32, bf16 (autocast; weights and the loss stay fp32) or auto
-    (bf16 on a GPU that supports it, fp32 on the CPU). Validation is always fp32."""
+    """Training arithmetic: fp32, bf16 (autocast on the conv trunk; weights, the policy
+    head, logits and the loss stay fp32) or auto (bf16 on a GPU that supports it, fp32 on
+    the CPU). Validation is always fp32."""
     cache_mb: int = 2048
     """Demo frames up to this size are read once and kept in memory; larger sets stream."""
     block_size: int = 256
@@ -101,6 +102,9 @@ class BCConfig:
     """The scripted demonstrator's style that labels the clone's frames."""
     relabel_seed: int | None = None
     """Seed of the first relabelled game (default: the one after the demo files' last)."""
+    relabel_workers: int = 0
+    """Processes that play the relabelling games, one thread each (0: one per usable
+    core); the relabelled file does not depend on it."""
     relabel_noise: float = 0.0
     """Chance that the clone plays a random allowed action at a step of its relabelling
     games: it then strays into states its own play rarely reaches (walls, far misses),
@@ -129,6 +133,7 @@ class BCConfig:
              or len(self.relabel_epochs) == self.relabel_rounds,
              f"one number, or a list of relabel_rounds = {self.relabel_rounds} numbers"),
             ("relabel_noise", 0 <= self.relabel_noise <= 1, "in [0, 1]"),
+            ("relabel_workers", self.relabel_workers >= 0, "≥ 0"),
             ("relabel_seed", self.relabel_seed is None or 0 <= self.relabel_seed <= SEED_MAX,
              f"from 0 to {SEED_MAX}"),
         ], stage="bc")
@@ -370,8 +375,7 @@ class _BCRun:
             group["lr"] = config.lr * _lr_factor(config.lr_schedule, self.step, self.total_steps)
         obs = random_shift(obs, config.augment_shift, self.generator).to(self.device)
         actions = actions.to(self.device)
-        with _autocast(self.device, self.amp):
-            logits = self.model.get_logits(obs).float()
+        logits = mixed_logits(self.model, obs, self.amp)
         loss = bc_loss(logits, actions, self.mask, label_smoothing=config.label_smoothing,
                        class_weights=self.class_weights)
         mean_loss = loss.detach() if not self.world.enabled else distributed.sum_over_ranks(
@@ -476,13 +480,6 @@ def _class_weights(train_set: DemoDataset, actions: int, device: torch.device) -
     counts = torch.as_tensor(train_set.action_counts(actions), dtype=torch.float32)
     return torch.where(counts > 0, counts.sum() / counts.clamp(min=1) / (counts > 0).sum(),
                        torch.zeros_like(counts)).to(device)
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    """Mixed precision for the forward pass when `dtype` is set, else nothing."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
 
 
 def _initial_model(config: BCConfig, spec: EnvSpec, meanings: list[str],

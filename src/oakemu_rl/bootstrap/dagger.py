@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from ..agents.recording import RecordConfig, record, relabelling_agents
 from ..demos import DemoFile
+from ..runtime import usable_cpus
 
 if TYPE_CHECKING:
     from .bc import BCConfig
@@ -38,7 +39,8 @@ def relabel_round(config: BCConfig, clone: Path, files: list[str], round_: int, 
         tqdm.write(f"[bc] relabelling round {round_}/{config.relabel_rounds}: the clone plays "
                    f"{config.relabel_episodes} game(s), the scripted demonstrator labels them")
     record(RecordConfig(out=out, spec=spec, episodes=config.relabel_episodes, seed=seed,
-                        progress=progress), labeller, driver)
+                        progress=progress, workers=config.relabel_workers or usable_cpus()),
+           labeller, driver)
     keep = "bc_first_" if round_ == 1 else f"bc_round{round_ - 1}_"
     for name in ("bc_metrics.jsonl", "bc_curves.png"):
         done = run_dir / name
