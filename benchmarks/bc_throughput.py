@@ -4,6 +4,7 @@
 
 1. Writes a synthetic demo file (real HDF5, real gzip chunks) of `--frames` frames and
    measures, side by side in one process, alternating rounds: model-only training steps
+   (a fused Adam, as BC steps; and the per-tensor Adam that is torch's CPU default)
    on a batch already in memory, the same steps fed by the streaming and the cached
    data path (`DemoDataset`), all channels-last as BC trains on CPU in fp32, and
    model-only steps in the default NCHW layout and under bf16 autocast (`--precision
@@ -31,6 +32,7 @@ from oakemu_rl import PPOModel
 from oakemu_rl.demos import DemoFile, DemoWriter, EpisodeBuffer
 from oakemu_rl.demos.dataset import DemoDataset, EpisodeRef
 from oakemu_rl.envs import EnvSpec
+from oakemu_rl.model import mixed_logits
 from oakemu_rl.rl.losses import bc_loss
 
 
@@ -62,8 +64,7 @@ def train_steps(model, optimizer, batches, mask, bf16: bool = False) -> float:
     n = 0
     start = time.perf_counter()
     for obs, actions in batches:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model.get_logits(obs).float()
+        logits = mixed_logits(model, obs, torch.bfloat16 if bf16 else None)
         loss = bc_loss(logits, actions, mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -77,17 +78,23 @@ def throughput(path: Path, batches: int, batch_size: int, rounds: int) -> None:
     refs = [EpisodeRef(0, i, e.length) for i, e in enumerate(demo.episodes)]
     mask = torch.ones(6, dtype=torch.bool)
     # BC trains channels-last on CPU (bootstrap/bc.py); the NCHW model shows what that buys.
+    # It steps a fused Adam too; the per-tensor one, torch's default on the CPU, shows what
+    # that buys.
     model = PPOModel((4, 84, 84), 6).to(memory_format=torch.channels_last)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
+    per_tensor = torch.optim.Adam(model.parameters(), lr=1e-4)
     nchw = PPOModel((4, 84, 84), 6)
-    nchw_optimizer = torch.optim.Adam(nchw.parameters(), lr=1e-4)
+    nchw_optimizer = torch.optim.Adam(nchw.parameters(), lr=1e-4, fused=True)
     fixed = (torch.randint(0, 256, (batch_size, 4, 84, 84), dtype=torch.uint8),
              torch.randint(0, 6, (batch_size,)))
     common = dict(batch_size=batch_size, action_mask=np.ones(6, bool))
     results: dict[str, list[float]] = {"model only": [], "streaming": [], "cached": [],
-                                       "model NCHW": [], "model bf16": []}
+                                       "model NCHW": [], "model bf16": [],
+                                       "per-tensor Adam": []}
     for r in range(rounds):
         results["model only"].append(train_steps(model, optimizer, [fixed] * batches, mask))
+        results["per-tensor Adam"].append(train_steps(model, per_tensor, [fixed] * batches,
+                                                      mask))
         results["model NCHW"].append(train_steps(nchw, nchw_optimizer, [fixed] * batches, mask))
         results["model bf16"].append(train_steps(model, optimizer, [fixed] * batches, mask,
                                                  bf16=True))
@@ -102,7 +109,7 @@ def throughput(path: Path, batches: int, batch_size: int, rounds: int) -> None:
           f"(medians, torch threads {torch.get_num_threads()})")
     for name, values in results.items():
         med = statistics.median(values)
-        print(f"  {name:<11} {med:8.1f} samples/s   ({med / base:.2f}x model-only)")
+        print(f"  {name:<15} {med:8.1f} samples/s   ({med / base:.2f}x model-only)")
 
 
 def peak_rss(path: Path, cache_mb: int) -> float:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
+from oakemu_rl import runtime
 from oakemu_rl.bootstrap.bc import (
     BCConfig,
     _initial_model,
@@ -40,7 +41,7 @@ from oakemu_rl.errors import ConfigError, DemoFileError, OakEmuError
 from oakemu_rl.fsutil import sha256_file
 from oakemu_rl.metrics import read_metrics
 from oakemu_rl.model import PPOModel, PPOModelConfiguration
-from oakemu_rl.runtime import autocast_dtype
+from oakemu_rl.runtime import autocast_dtype, cpu_has_bf16
 
 SMALL = PPOModelConfiguration(conv_layers=((8, 8, 4), (16, 4, 2)), fc_hidden=(64,))
 SPEC = EnvSpec(game="pong", screen_size=42)  # observations (4, 42, 42); SMALL fits them
@@ -393,6 +394,14 @@ def test_precision_resolves_to_an_autocast_dtype(monkeypatch: pytest.MonkeyPatch
     assert autocast_dtype("fp32", cpu) is None
     assert autocast_dtype("bf16", cpu) == torch.bfloat16
     assert autocast_dtype("auto", cpu) is None  # fp32 on the CPU, whatever its flags
+    # PPO's auto takes bf16 on a CPU that does bf16 arithmetic, and fp32 on one that
+    # would emulate it
+    for native in (True, False):
+        monkeypatch.setattr(runtime, "cpu_has_bf16", lambda n=native: n)
+        assert autocast_dtype("auto", cpu, native_cpu=True) == \
+            (torch.bfloat16 if native else None)
+        assert autocast_dtype("auto", cpu) is None
+        assert autocast_dtype("fp32", cpu, native_cpu=True) is None
     with pytest.raises(ConfigError, match="precision"):
         autocast_dtype("fp16", cpu)
     for native in (True, False):
@@ -401,6 +410,15 @@ def test_precision_resolves_to_an_autocast_dtype(monkeypatch: pytest.MonkeyPatch
         assert autocast_dtype("fp32", gpu) is None
     with pytest.raises(ConfigError, match="no bfloat16 support"):
         autocast_dtype("bf16", gpu)
+
+
+def test_the_cpus_bf16_arithmetic_is_read_from_its_flags() -> None:
+    line = "flags\t\t: fpu vme sse2 avx2 avx512f {}\n"
+    assert cpu_has_bf16("processor\t: 0\n" + line.format("avx512_bf16 avx512_vnni"))
+    assert cpu_has_bf16(line.format("amx_bf16 amx_tile"))
+    assert not cpu_has_bf16(line.format("avx512_vnni avx512_fp16"))
+    assert not cpu_has_bf16("model name\t: amx_bf16 in a name, not a flag\n")
+    assert not cpu_has_bf16("")
 
 
 def test_bc_trains_channels_last_on_cpu_but_writes_the_default_layout(learned: dict) -> None:

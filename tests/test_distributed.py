@@ -113,12 +113,16 @@ def test_two_ranks_train_one_model_with_identical_weights_on_every_rank(
 def test_two_ranks_of_e_envs_train_as_one_process_of_2e_envs(start: Path,
                                                              tmp_path: Path) -> None:
     """Tolerance: 1e-5 on every parameter, and 1e-4 relative (or 1e-6 absolute) on each
-    update's losses, over 3 updates: the same sums in another order differ by about 1e-7."""
+    update's losses, over 3 updates: the same sums in another order differ by about 1e-7.
+    In fp32: a bf16 trunk rounds at about 1e-3, differently for other batch sizes."""
+    fp32 = ["--precision", "fp32"]
     two = torchrun(2, "finetune", "ppo", "--checkpoint", str(start), "--run-dir",
-                   str(tmp_path / "two"), "--num-envs", "2", "--total-steps", "192", *PPO_TINY)
+                   str(tmp_path / "two"), "--num-envs", "2", "--total-steps", "192", *PPO_TINY,
+                   *fp32)
     assert two.returncode == 0, two.stdout + two.stderr
     one = oakemu("finetune", "ppo", "--checkpoint", str(start), "--run-dir",
-                 str(tmp_path / "one"), "--num-envs", "4", "--total-steps", "192", *PPO_TINY)
+                 str(tmp_path / "one"), "--num-envs", "4", "--total-steps", "192", *PPO_TINY,
+                 *fp32)
     assert one.returncode == 0, one.stdout + one.stderr
     a = load_checkpoint(tmp_path / "one" / "ppo.pt").state_dict
     b = load_checkpoint(tmp_path / "two" / "ppo.pt").state_dict

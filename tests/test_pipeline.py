@@ -319,7 +319,7 @@ def test_an_option_added_later_leaves_earlier_runs_up_to_date() -> None:
 
     from oakemu_rl.bootstrap.bc import BCConfig
     from oakemu_rl.finetune.ppo import PPOConfig
-    from oakemu_rl.pipeline import LATER_OPTIONS, _fingerprint, _settings
+    from oakemu_rl.pipeline import LATER_OPTIONS, SPEED_OPTIONS, _fingerprint, _settings
 
     for stage, config, changed in (("ppo", PPOConfig(), {"bc_coef": 0.1,
                                                          "label_rollouts": "planner"}),
@@ -327,7 +327,8 @@ def test_an_option_added_later_leaves_earlier_runs_up_to_date() -> None:
                                    ("bc", BCConfig(), {"relabel_noise": 0.1})):
         name = type(config).__name__
         before = {k: v for k, v in dataclasses.asdict(config).items()
-                  if k not in LATER_OPTIONS and f"{name}.{k}" not in LATER_OPTIONS}
+                  if k not in LATER_OPTIONS | SPEED_OPTIONS
+                  and f"{name}.{k}" not in LATER_OPTIONS}
         assert len(before) < len(dataclasses.asdict(config))
         assert _fingerprint(stage, _settings(config), ["up"]) == \
             _fingerprint(stage, before, ["up"])
@@ -356,8 +357,10 @@ def test_default_stage_fingerprints_stay_what_earlier_runs_stored() -> None:
         assert _fingerprint(stage, _settings(config)) == fingerprint, (
             f"the {stage} stage's default fingerprint changed: name a new option in "
             "pipeline.LATER_OPTIONS")
-    # the test stage's processes change how fast its games play, not its scores
+    # the processes that play games change how fast they play, not what they make
     assert _settings(FinalTestConfig(workers=3)) == _settings(FinalTestConfig())
+    assert _settings(DemoSource(workers=3)) == _settings(DemoSource())
+    assert _settings(BCConfig(relabel_workers=3)) == _settings(BCConfig())
     with pytest.raises(ConfigError, match=r"evaluate.workers=-1 is out of range: it must be ≥ 0"):
         FinalTestConfig(workers=-1)
 

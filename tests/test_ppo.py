@@ -1179,6 +1179,7 @@ def test_a_bf16_run_learns_and_saves_fp32_weights(tmp_path: Path) -> None:
                                      precision=precision))
         final = load_checkpoint(path)
         assert final.config["precision"] == precision
+        assert final.config["precision_used"] == precision
         for name, tensor in final.state_dict.items():
             assert tensor.dtype == torch.float32 and torch.isfinite(tensor).all(), name
             assert not torch.equal(tensor, start[name]), f"{name} did not learn"

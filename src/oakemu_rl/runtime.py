@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -50,22 +51,39 @@ def resolve_device(name: str = "auto") -> torch.device:
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for `--precision` (None: plain fp32). `auto` takes bf16 on a CUDA
-    GPU that supports it and fp32 on the CPU: even on a CPU with AVX512-BF16, bf16 autocast
-    bought BC more samples per second but no lower validation loss per minute
-    (docs/results.md, "bf16 autocast"). `bf16` insists on it, which a preset may ask of
-    PPO (docs/results.md, "bf16 trunk in PPO")."""
+def autocast_dtype(precision: str, device: torch.device, *,
+                   native_cpu: bool = False) -> torch.dtype | None:
+    """The autocast dtype for `--precision` (None: plain fp32). `bf16` insists on it.
+    `auto` takes bf16 on a CUDA GPU that supports it, and on the CPU only where the caller
+    asks for it (`native_cpu`) and the CPU does bf16 arithmetic itself (`cpu_has_bf16`):
+    PPO does, as its bf16 trunk trained about 1.5x the steps per second to the same scores
+    (docs/results.md, "bf16 trunk in PPO"); BC does not, as bf16 autocast bought it more
+    samples per second but no lower validation loss per minute ("bf16 autocast")."""
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown --precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return None
     gpu_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     if precision == "auto":
-        return torch.bfloat16 if gpu_bf16 else None
+        cpu_bf16 = device.type == "cpu" and native_cpu and cpu_has_bf16()
+        return torch.bfloat16 if gpu_bf16 or cpu_bf16 else None
     if device.type == "cuda" and not gpu_bf16:
         raise ConfigError("--precision bf16 was asked for but this GPU has no bfloat16 support")
     return torch.bfloat16
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU has bf16 arithmetic instructions (AVX512-BF16 or AMX-BF16), from the
+    flags in /proc/cpuinfo (or `cpuinfo`, its text); False where the system does not say.
+    Elsewhere bf16 autocast is emulated, and slower than fp32."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = {word for line in cpuinfo.splitlines() if line.startswith("flags")
+             for word in line.partition(":")[2].split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 @contextlib.contextmanager

@@ -154,8 +154,9 @@ class PPOConfig:
     play the evaluation games."""
     precision: str = "auto"
     """Trunk arithmetic in rollouts and learning steps: fp32, bf16 (autocast on the conv
-    trunk; weights, heads, logits and losses stay fp32) or auto (bf16 on a GPU that
-    supports it, fp32 on the CPU). Evaluation games and the saved policy are fp32."""
+    trunk; weights, heads, logits and losses stay fp32) or auto (bf16 where the hardware
+    does bf16 arithmetic: a GPU that supports it, a CPU with AVX512-BF16 or AMX; else
+    fp32). Evaluation games and the saved policy are fp32."""
 
     def __post_init__(self) -> None:
         try:  # (a wrong type or count is refused below, by name)
@@ -408,9 +409,9 @@ class _Trainer:
         self.optimizer = torch.optim.Adam(
             [{"params": self.shared, "name": "trunk_policy"},
              {"params": list(model.value_head.parameters()), "name": "value_head"}],
-            lr=config.lr, eps=1e-5)
+            lr=config.lr, eps=1e-5, fused=True)  # one kernel for all: see bc.py
         self.mask = start.action_mask_tensor().to(device)
-        self.amp = autocast_dtype(config.precision, device)
+        self.amp = autocast_dtype(config.precision, device, native_cpu=True)
         self.first_update, self.global_step = 1, 0
         self.saved = False  # whether ppo_last.pt holds a good state of this run
         self.demo_batches: Any = None
@@ -639,7 +640,7 @@ class _Trainer:
         loss.backward()
         learning = [p for p in self.model.parameters() if p.grad is not None]
         distributed.average_gradients(self.world, learning)
-        norm = torch.nn.utils.clip_grad_norm_(learning, self.config.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(learning, self.config.max_grad_norm, foreach=True)
         check_finite(norm, "a PPO gradient", where=f"update {update}", outcome=outcome)
         self.optimizer.step()
         return stats
@@ -728,7 +729,8 @@ class _Trainer:
         checkpoint = Checkpoint.from_model(
             self.model, stage="ppo", action_meanings=self.start.action_meanings,
             action_mask=self.start.action_mask, env_spec=self.start.env_spec,
-            steps=steps, config=dataclasses.asdict(self.config), extra=extra,
+            steps=steps, config=dataclasses.asdict(self.config)
+            | {"precision_used": "bf16" if self.amp else "fp32"}, extra=extra,
             parent=self.start, inputs=self.inputs)
         if chosen:
             checkpoint = dataclasses.replace(checkpoint, state_dict=chosen["state_dict"])
@@ -752,7 +754,8 @@ class _Trainer:
             total = max(sum(parts.values()), 1e-9)
             tqdm.write("time: " + ", ".join(f"{name} {seconds:.0f}s "
                                             f"({100 * seconds / total:.0f}%)"
-                                            for name, seconds in parts.items()))
+                                            for name, seconds in parts.items())
+                       + f"; trunk in {'bf16' if self.amp else 'fp32'}")
         return path
 
 
