@@ -271,26 +271,28 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+
+def mixed_features(model: PPOModel, x: torch.Tensor, dtype: torch.dtype | None
+                   ) -> torch.Tensor:
+    """`model.features(x)` as fp32, with the trunk under autocast to `dtype` (None: plain
+    fp32). Only the trunk, where the convolutions spend the time, runs in the lower
+    precision: the heads read these fp32 features and compute fp32 logits and values, so
+    the log-probabilities whose ratios PPO clips carry no rounding of their own."""
+    if dtype is None:
+        return model.features(x)
+    with torch.autocast(x.device.type, dtype=dtype):
+        features = model.features(x)
+    return features.float()
+
+
 def mixed_forward(
     model: PPOModel, x: torch.Tensor, dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`model(x)` with the trunk under autocast to `dtype` (None: plain fp32).
-
-    Only the trunk, where the convolutions spend the time, runs in the lower precision:
-    the two heads read its output as fp32 and compute fp32 logits and values, so the
-    log-probabilities whose ratios PPO clips carry no rounding of their own."""
-    if dtype is None:
-        return model(x)
-    with torch.autocast(x.device.type, dtype=dtype):
-        features = model.features(x)
-    features = features.float()
+    """`model(x)` with the trunk under autocast, as in `mixed_features`."""
+    features = mixed_features(model, x, dtype)
     return model.policy_head(features), model.value_head(features)
 
 
 def mixed_logits(model: PPOModel, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """`model.get_logits(x)` with the trunk under autocast, as in `mixed_forward`."""
-    if dtype is None:
-        return model.get_logits(x)
-    with torch.autocast(x.device.type, dtype=dtype):
-        features = model.features(x)
-    return model.policy_head(features.float())
+    """`model.get_logits(x)` with the trunk under autocast, as in `mixed_features`."""
+    return model.policy_head(mixed_features(model, x, dtype))

@@ -284,8 +284,7 @@ place here fails it."""
 SPEED_OPTIONS = frozenset({"workers", "relabel_workers"})
 """Stage options that change how fast a stage runs and never what it makes (the test
 stage's scores and the recorded games are the same on any number of processes): no
-fingerprint covers them, so
-changing one reruns nothing."""
+fingerprint covers them, so changing one reruns nothing."""
 
 
 def _settings(config: Any, settings: dict[str, Any] | None = None) -> dict[str, Any]:

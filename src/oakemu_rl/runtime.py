@@ -56,8 +56,8 @@ def autocast_dtype(precision: str, device: torch.device, *,
     """The autocast dtype for `--precision` (None: plain fp32). `bf16` insists on it.
     `auto` takes bf16 on a CUDA GPU that supports it, and on the CPU only where the caller
     asks for it (`native_cpu`) and the CPU does bf16 arithmetic itself (`cpu_has_bf16`):
-    PPO does, as its bf16 trunk trained about 1.5x the steps per second to the same scores
-    (docs/results.md, "bf16 trunk in PPO"); BC does not, as bf16 autocast bought it more
+    PPO does, as its bf16 trunk trained more steps per second to scores within the fp32
+    runs' (docs/results.md, "bf16 trunk in PPO"); BC does not, as bf16 autocast bought it more
     samples per second but no lower validation loss per minute ("bf16 autocast")."""
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown --precision {precision!r}; use one of {', '.join(PRECISIONS)}")

@@ -313,8 +313,8 @@ class _BCRun:
         self.value_head_before = {k: v.clone() for k, v in model.value_head.state_dict().items()}
         self.params = [*model.conv.parameters(), *model.fc.parameters(),
                        *model.policy_head.parameters()]
-        # One fused kernel for every parameter: the per-tensor update took about as long
-        # as a small batch's convolutions on the CPU (benchmarks/bc_throughput.py).
+        # One fused kernel for every parameter: on the CPU torch's default loops over the
+        # tensors, a cost a small batch's step feels (benchmarks/bc_throughput.py).
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr,
                                            weight_decay=config.weight_decay, fused=True)
         self.mask = torch.as_tensor(self.mask_np, device=self.device)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..envs import EnvSpec, make_vector_env
-from ..model import PPOModel, masked_log_softmax, mixed_forward
+from ..model import PPOModel, masked_log_softmax, mixed_features, mixed_forward
 
 
 @dataclass
@@ -143,6 +143,10 @@ class RolloutCollector:
         log_prob = log_probs.gather(-1, action[:, None])[:, 0]
         return action, log_prob, value[:, 0]
 
+    def _value(self, obs: torch.Tensor) -> torch.Tensor:
+        """The critic's value per env, with the trunk in the rollout's precision."""
+        return self.model.value_head(mixed_features(self.model, obs, self.amp))[:, 0]
+
     @torch.no_grad()
     def collect(self) -> Rollout:
         model_was_training = self.model.training
@@ -195,10 +199,9 @@ class RolloutCollector:
         next_values = torch.empty_like(self._values)
         next_values[:-1] = self._values[1:]
         last = torch.from_numpy(self.next_obs).to(self.device)
-        next_values[-1] = mixed_forward(self.model, last, self.amp)[1][:, 0]
+        next_values[-1] = self._value(last)
         for t, ids, final in finals:
-            final_obs = torch.from_numpy(final).to(self.device)
-            final_values = mixed_forward(self.model, final_obs, self.amp)[1][:, 0]
+            final_values = self._value(torch.from_numpy(final).to(self.device))
             next_values[t, torch.from_numpy(ids).to(self.device)] = final_values
         self.timings.inference += time.perf_counter() - start
         self.model.train(model_was_training)
