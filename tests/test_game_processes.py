@@ -196,3 +196,18 @@ def test_a_recording_process_that_dies_keeps_the_games_before_it(tmp_path: Path)
     with DemoFile(out) as demos:
         seeds = [info.seed for info in demos.episodes]
     assert seeds == [10, 11, 12][:len(seeds)]  # a prefix: game 3 (seed 13) never came
+
+
+def test_oakemu_record_workers_write_the_file_of_one_process(tmp_path: Path) -> None:
+    """`oakemu record --workers 2` writes the file `--workers 1` writes."""
+    files = {}
+    for workers in (1, 2):
+        files[workers] = tmp_path / f"demos-{workers}.h5"
+        result = CliRunner().invoke(cli, [
+            "record", "--game", "pong", "--demonstrator", "scripted", "--style", "human",
+            "--episodes", "3", "--max-steps", "120", "--seed", "5", "--workers",
+            str(workers), "--out", str(files[workers])])
+        assert result.exit_code == 0, result.output
+        assert "wrote 3 episode(s)" in result.output
+    assert _episodes(files[2]) == _episodes(files[1])
+    assert [info[5] for info, *_ in _episodes(files[1])] == [5, 6, 7]
