@@ -211,3 +211,44 @@ def test_oakemu_record_workers_write_the_file_of_one_process(tmp_path: Path) -> 
         assert "wrote 3 episode(s)" in result.output
     assert _episodes(files[2]) == _episodes(files[1])
     assert [info[5] for info, *_ in _episodes(files[1])] == [5, 6, 7]
+
+
+def _cgroup(root: Path, folder: str, files: dict[str, str]) -> None:
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (root / folder / name).write_text(text + "\n")
+
+
+def test_a_containers_cpu_quota_caps_the_game_processes(tmp_path: Path) -> None:
+    """The default number of game processes follows a container's CPU quota (cgroup v2
+    `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`), read from folders laid out
+    as the kernel lays them out."""
+    from oakemu_rl.runtime import cgroup_cpu_quota, usable_cpus
+
+    membership = tmp_path / "cgroup"
+    # v2: the process's own group sets 1.5 CPUs, the root none
+    v2 = tmp_path / "v2"
+    membership.write_text("0::/user.slice/job\n")
+    _cgroup(v2, "", {"cpu.max": "max 100000"})
+    _cgroup(v2, "user.slice/job", {"cpu.max": "150000 100000"})
+    assert cgroup_cpu_quota(v2, membership) == 1.5
+    # the smallest of the quotas set wins
+    _cgroup(v2, "", {"cpu.max": "100000 100000"})
+    assert cgroup_cpu_quota(v2, membership) == 1.0
+    # no quota anywhere
+    _cgroup(v2, "", {"cpu.max": "max 100000"})
+    _cgroup(v2, "user.slice/job", {"cpu.max": "max 100000"})
+    assert cgroup_cpu_quota(v2, membership) is None
+    # v1 inside a container: /proc names the host's path, the mount is the group itself
+    v1 = tmp_path / "v1"
+    membership.write_text("12:pids:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/\n")
+    _cgroup(v1, "cpu,cpuacct", {"cpu.cfs_quota_us": "200000", "cpu.cfs_period_us": "100000"})
+    assert cgroup_cpu_quota(v1, membership) == 2.0
+    _cgroup(v1, "cpu,cpuacct", {"cpu.cfs_quota_us": "-1", "cpu.cfs_period_us": "100000"})
+    assert cgroup_cpu_quota(v1, membership) is None
+    # unreadable or foreign text is no quota, never an error
+    _cgroup(v1, "cpu,cpuacct", {"cpu.cfs_quota_us": "lots", "cpu.cfs_period_us": "100000"})
+    assert cgroup_cpu_quota(v1, membership) is None
+    assert cgroup_cpu_quota(tmp_path / "absent", tmp_path / "absent-cgroup") is None
+    # on this machine: never more than the affinity allows, never fewer than one
+    assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))

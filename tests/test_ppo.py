@@ -756,6 +756,29 @@ def test_a_paused_run_keeps_the_whole_runs_schedules_and_resumes(tmp_path: Path)
     assert load_checkpoint(paused / "ppo.pt").steps == load_checkpoint(whole / "ppo.pt").steps
 
 
+def test_a_resume_in_another_trunk_precision_says_so(tmp_path: Path) -> None:
+    """A run paused in bf16 and resumed in fp32 goes on (the weights are fp32 either way)
+    and says, in one line of its output, that the trunk's precision changed; a resume in
+    the same precision says nothing of it."""
+    run_dir = tmp_path / "run"
+    write_start(run_dir)
+    options = ["finetune", "ppo", "--run-dir", str(run_dir), "--no-progress", "--device", "cpu",
+               "--num-envs", "2", "--num-steps", "16", "--total-steps", "128",
+               "--num-minibatches", "2", "--update-epochs", "1", "--eval-episodes", "0"]
+    result = CliRunner().invoke(cli, [*options, "--precision", "bf16", "--stop-after-steps", "32"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(cli, [*options, "--precision", "bf16", "--resume",
+                                      "--stop-after-steps", "64"])
+    assert result.exit_code == 0, result.output
+    assert "trained its trunk in" not in result.output
+    result = CliRunner().invoke(cli, [*options, "--precision", "fp32", "--resume"])
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if "trained its trunk in" in line]
+    assert notes == [f"note: {run_dir / 'ppo_last.pt'} trained its trunk in bf16; the resumed "
+                     "updates train it in fp32 (--precision fp32)"]
+    assert load_checkpoint(run_dir / "ppo.pt").steps["ppo/global_step"] == 128
+
+
 def test_resume_without_a_resumable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     write_start(run_dir)

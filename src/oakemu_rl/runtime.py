@@ -8,6 +8,7 @@ so the rules are written once.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,11 +23,57 @@ and ALE seeds are 32-bit."""
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity where the system tells it)."""
+    """The CPUs this process may run on: its affinity where the system tells it, capped by
+    a container's CPU quota (cgroup `cpu.max` or `cpu.cfs_quota_us`), so a container given
+    2 CPUs on a large host starts 2 game processes, not one per host CPU."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cpus, math.ceil(quota))) if quota else cpus
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"),
+                     membership: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The CPUs' worth of time this process's cgroup may use (quota / period; the smallest
+    where several folders set one), or None where no quota is set or the system does not
+    say. Reads cgroup v2 (`cpu.max` in the process's group or the root) and v1
+    (`cpu.cfs_quota_us` and `cpu.cfs_period_us` in the `cpu` controller's group or its
+    root)."""
+    try:
+        groups = membership.read_text().splitlines()
+    except OSError:
+        groups = []
+    places: list[tuple[Path, bool]] = []  # (folder, v2)
+    for line in groups:
+        if line.count(":") < 2:
+            continue
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if controllers == "":
+            places.append((root / rel, True))
+        elif "cpu" in controllers.split(","):
+            mount = root / controllers
+            places += [(mount / rel, False), (root / "cpu" / rel, False)]
+    places += [(root, True), (root / "cpu", False), (root / "cpu,cpuacct", False)]
+    quotas = [q for folder, v2 in places if (q := _read_quota(folder, v2))]
+    return min(quotas) if quotas else None
+
+
+def _read_quota(folder: Path, v2: bool) -> float | None:
+    """quota / period from one cgroup folder; None where it holds no such file or sets no
+    quota ("max" in v2, -1 in v1)."""
+    try:
+        if v2:
+            quota, _, period = (folder / "cpu.max").read_text().strip().partition(" ")
+        else:
+            quota = (folder / "cpu.cfs_quota_us").read_text().strip()
+            period = (folder / "cpu.cfs_period_us").read_text().strip()
+        quota_us, period_us = float(quota), float(period or 100_000)
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
 def resolve_device(name: str = "auto") -> torch.device:

@@ -461,6 +461,12 @@ class _Trainer:
                 + ", ".join(f"--{k.replace('_', '-')} {last.config[k]!r}, now "
                             f"{getattr(self.config, k)!r}" for k in changed)
                 + "); resume with the same options")
+        used, now = last.config.get("precision_used"), "bf16" if self.amp else "fp32"
+        if used not in (None, now) and self.world.is_main:
+            # Allowed (the weights are fp32 either way), but the run is then not the one a
+            # single run in one precision gives: say so where the run's output shows it.
+            tqdm.write(f"note: {path} trained its trunk in {used}; the resumed updates train "
+                       f"it in {now} (--precision {self.config.precision})")
         self.model.load_state_dict(last.state_dict)
         self.reference.load_state_dict(last.extra["reference"])
         self.optimizer.load_state_dict(last.extra["optimizer"])
