@@ -13,7 +13,7 @@ from oakemu_rl.checkpoint import lineage_inputs, load_checkpoint, save_checkpoin
 from oakemu_rl.cli import cli
 from oakemu_rl.demos import DemoFile
 from oakemu_rl.errors import ConfigError
-from oakemu_rl.finetune.ppo import PPOConfig
+from oakemu_rl.finetune.ppo import PPOConfig, seeds_overlap
 from oakemu_rl.metrics import read_metrics
 from oakemu_rl.pipeline import _same_policy, load_pipeline, ppo_progress
 
@@ -290,7 +290,8 @@ PRESETS = sorted((Path(__file__).resolve().parents[1] / "pipelines").glob("*.tom
 def test_shipped_presets_load(preset: Path) -> None:
     pipeline = load_pipeline(preset)
     assert pipeline.name == preset.stem
-    if preset.name in ("pong.toml", "pong-long.toml", "breakout.toml"):  # practised players
+    if preset.name in ("pong.toml", "pong-long.toml", "breakout.toml",
+                       "breakout-long.toml"):  # practised players
         assert pipeline.demos.style == "human"
 
 
@@ -299,16 +300,21 @@ def test_the_presets_are_there() -> None:
                                          "breakout.toml"}
 
 
-def test_the_long_preset_shares_the_main_jobs_stages_before_ppo() -> None:
-    """Run in the main job's directory, pong-long.toml reuses its recording, clone and
+@pytest.mark.parametrize("base, long_name", [("pong.toml", "pong-long.toml"),
+                                             ("breakout.toml", "breakout-long.toml")])
+def test_a_long_preset_shares_its_bases_stages_before_ppo(base: str, long_name: str) -> None:
+    """Run in its base preset's directory, a long preset reuses that recording, clone and
     calibration, which holds only while the settings of those stages are the same."""
     folder = PRESETS[0].parent
-    main, long = load_pipeline(folder / "pong.toml"), load_pipeline(folder / "pong-long.toml")
+    main, long = load_pipeline(folder / base), load_pipeline(folder / long_name)
     for part in ("env", "demos", "bc", "calibrate"):
         assert getattr(long, part) == getattr(main, part), part
-    assert long.ppo.threads == main.ppo.threads  # the rest of [ppo] comes from the base
+    assert long.ppo.threads == 2  # one stage at a time: PPO has both cores
     assert long.ppo.total_steps > main.ppo.total_steps
-    assert long.evaluate.episodes >= 20
+    assert long.evaluate.episodes >= 20 and long.ppo.eval_episodes >= 20
+    tests = range(long.evaluate.seed, long.evaluate.seed + long.evaluate.episodes)
+    assert not seeds_overlap(tests, long.ppo.training_seeds())
+    assert not seeds_overlap(tests, long.ppo.selection_seeds)
 
 
 def test_an_option_added_later_leaves_earlier_runs_up_to_date() -> None:
