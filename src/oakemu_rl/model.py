@@ -271,7 +271,6 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-
 def mixed_features(model: PPOModel, x: torch.Tensor, dtype: torch.dtype | None
                    ) -> torch.Tensor:
     """`model.features(x)` as fp32, with the trunk under autocast to `dtype` (None: plain

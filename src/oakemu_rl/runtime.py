@@ -119,6 +119,11 @@ def autocast_dtype(precision: str, device: torch.device, *,
     return torch.bfloat16
 
 
+def precision_used(dtype: torch.dtype | None) -> str:
+    """The name a checkpoint and a stage's output give `autocast_dtype`'s answer."""
+    return "fp32" if dtype is None else "bf16"
+
+
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
     """Whether the CPU has bf16 arithmetic instructions (AVX512-BF16 or AMX-BF16), from the
     flags in /proc/cpuinfo (or `cpuinfo`, its text); False where the system does not say.

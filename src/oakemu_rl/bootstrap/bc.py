@@ -32,7 +32,7 @@ from ..metrics import MetricsLogger
 from ..model import ARCHITECTURES, PPOModel, mixed_logits
 from ..plots import plot_bc_curves
 from ..rl.losses import bc_loss
-from ..runtime import PRECISIONS, SEED_MAX, autocast_dtype, resolve_device
+from ..runtime import PRECISIONS, SEED_MAX, autocast_dtype, precision_used, resolve_device
 from . import dagger
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
@@ -447,7 +447,7 @@ class _BCRun:
             action_mask=self.mask_np.tolist(), env_spec=self.spec.to_dict(),
             steps={"epochs": epoch, "updates": self.step, "samples": self.samples},
             config=dataclasses.asdict(self.config)
-            | {"precision_used": "bf16" if self.amp else "fp32"},
+            | {"precision_used": precision_used(self.amp)},
             extra={"metrics": {k: float(v) for k, v in record.items()
                                if isinstance(v, float) and math.isfinite(v)},
                    "world_size": self.world.world_size, "rank_weight_sha256": digests},

@@ -58,7 +58,14 @@ from ..model import PPOModel, mixed_forward, mixed_logits
 from ..rl.losses import PPOBatch, PPOCoefficients, bc_loss, ppo_loss
 from ..rl.returns import gae
 from ..rl.rollout import Rollout, RolloutCollector
-from ..runtime import PRECISIONS, SEED_MAX, autocast_dtype, resolve_device, torch_threads
+from ..runtime import (
+    PRECISIONS,
+    SEED_MAX,
+    autocast_dtype,
+    precision_used,
+    resolve_device,
+    torch_threads,
+)
 
 LAST = "ppo_last.pt"
 
@@ -461,7 +468,7 @@ class _Trainer:
                 + ", ".join(f"--{k.replace('_', '-')} {last.config[k]!r}, now "
                             f"{getattr(self.config, k)!r}" for k in changed)
                 + "); resume with the same options")
-        used, now = last.config.get("precision_used"), "bf16" if self.amp else "fp32"
+        used, now = last.config.get("precision_used"), precision_used(self.amp)
         if used not in (None, now) and self.world.is_main:
             # Allowed (the weights are fp32 either way), but the run is then not the one a
             # single run in one precision gives: say so where the run's output shows it.
@@ -736,7 +743,7 @@ class _Trainer:
             self.model, stage="ppo", action_meanings=self.start.action_meanings,
             action_mask=self.start.action_mask, env_spec=self.start.env_spec,
             steps=steps, config=dataclasses.asdict(self.config)
-            | {"precision_used": "bf16" if self.amp else "fp32"}, extra=extra,
+            | {"precision_used": precision_used(self.amp)}, extra=extra,
             parent=self.start, inputs=self.inputs)
         if chosen:
             checkpoint = dataclasses.replace(checkpoint, state_dict=chosen["state_dict"])
@@ -761,7 +768,7 @@ class _Trainer:
             tqdm.write("time: " + ", ".join(f"{name} {seconds:.0f}s "
                                             f"({100 * seconds / total:.0f}%)"
                                             for name, seconds in parts.items())
-                       + f"; trunk in {'bf16' if self.amp else 'fp32'}")
+                       + f"; trunk in {precision_used(self.amp)}")
         return path
 
 
