@@ -40,6 +40,7 @@ from oakemu_rl.finetune.ppo import (
     PPOConfig,
     _demo_batches,
     bc_weight,
+    ent_at,
     finetune_ppo,
     kl_weight,
     lr_at,
@@ -303,6 +304,36 @@ def test_lr_at_with_and_without_annealing() -> None:
     # fewer steps than one batch still make one update at the full rate
     one = PPOConfig(lr=1e-3, num_envs=2, num_steps=16, total_steps=5)
     assert one.num_updates == 1 and lr_at(one, 1) == 1e-3
+
+
+def test_ent_at_anneals_the_bonus_only_when_asked() -> None:
+    config = PPOConfig(ent_coef=0.02, num_envs=2, num_steps=16, total_steps=128)
+    assert [ent_at(config, u) for u in (1, 2, 3, 4)] == [0.02] * 4
+    annealed = dataclasses.replace(config, anneal_ent=True)
+    assert [ent_at(annealed, u) for u in (1, 2, 3, 4)] == \
+        pytest.approx([0.02, 0.015, 0.01, 0.005])
+    # on two ranks the run has half the updates, and the bonus falls twice as fast
+    assert ent_at(annealed, 2, world_size=2) == pytest.approx(0.01)
+
+
+def test_annealed_entropy_bonus_reaches_the_loss(tmp_path: Path, monkeypatch) -> None:
+    seen: list[tuple[float, float]] = []
+    original = ppo_module.ppo_loss
+
+    def observed(logits, values, mask, batch, coef):
+        seen.append((coef.ent_coef, coef.kl_weight))
+        return original(logits, values, mask, batch, coef)
+
+    monkeypatch.setattr(ppo_module, "ppo_loss", observed)
+    config = tiny(4, ent_coef=0.02, anneal_ent=True, warmup_updates=0,
+                  warmup_ramp_updates=0)
+    write_start(tmp_path / "run")
+    run_ppo(tmp_path / "run", config)
+    # 2 epochs × 2 minibatches per update, each with that update's bonus
+    assert [round(ent, 6) for ent, _ in seen] == \
+        [0.02] * 4 + [0.015] * 4 + [0.01] * 4 + [0.005] * 4
+    logged = [r["charts/ent_coef"] for r in update_records(tmp_path / "run")]
+    assert logged == pytest.approx([0.02, 0.015, 0.01, 0.005])
 
 
 def test_policy_lr_factor_warmup_then_linear_ramp() -> None:

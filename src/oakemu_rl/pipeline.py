@@ -272,7 +272,7 @@ def _check_scripted(env: EnvSpec, demos: DemoSource, bc: BCConfig) -> None:
 
 
 LATER_OPTIONS = frozenset({"label_rollouts", "relabel_noise", "fire_reset", "sharpen",
-                           "PPOConfig.precision"})
+                           "anneal_ent", "PPOConfig.precision"})
 """Stage options added after run directories were made with this version's stages: a
 stage's fingerprint leaves each out while it holds its default, so that adding an option
 does not make every earlier run's stages stale (and rerun them). A name alone covers that

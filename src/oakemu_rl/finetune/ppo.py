@@ -70,7 +70,8 @@ from ..runtime import (
 LAST = "ppo_last.pt"
 
 # Options that fix the counters and schedules a resumed run must continue.
-RESUME_KEYS = ("total_steps", "num_envs", "num_steps", "lr", "anneal_lr", "warmup_updates",
+RESUME_KEYS = ("total_steps", "num_envs", "num_steps", "lr", "anneal_lr", "anneal_ent",
+               "warmup_updates",
                "warmup_ramp_updates", "kl_coef", "kl_decay", "bc_coef", "bc_decay",
                "label_rollouts",
                "from_scratch", "eval_episodes", "eval_seed", "eval_max_steps")
@@ -108,7 +109,10 @@ class PPOConfig:
     clip_vloss: bool = True
     """Clip the value loss around the rollout's values."""
     ent_coef: float = 0.01
-    """Entropy bonus."""
+    """Entropy bonus (at update 1, when anneal_ent)."""
+    anneal_ent: bool = False
+    """Anneal the entropy bonus linearly to 0 over training, as the learning rate is: the
+    policy keeps exploring early and sharpens toward the greedy play that is tested."""
     vf_coef: float = 0.5
     """Value-loss weight."""
     max_grad_norm: float = 0.5
@@ -254,6 +258,13 @@ def lr_at(config: PPOConfig, update: int, world_size: int = 1) -> float:
     if not config.anneal_lr:
         return config.lr
     return config.lr * (1.0 - (update - 1) / config.updates(world_size))
+
+
+def ent_at(config: PPOConfig, update: int, world_size: int = 1) -> float:
+    """Entropy-bonus weight of update `update` (1-based)."""
+    if not config.anneal_ent:
+        return config.ent_coef
+    return config.ent_coef * (1.0 - (update - 1) / config.updates(world_size))
 
 
 def policy_lr_factor(config: PPOConfig, update: int) -> float:
@@ -549,6 +560,7 @@ class _Trainer:
             "charts/SPS": (self.steps_done() - started[1]) / max(elapsed, 1e-9),
             "charts/update": update,
             "losses/explained_variance": stats.pop("explained_variance"),
+            "charts/ent_coef": ent_at(config, update, self.world.world_size),
             "guards/kl_coef": kl_weight(config, update),
             "guards/bc_coef": bc_weight(config, update) if self.demo_batches else 0.0,
             "guards/target_kl_stop": stopped,
@@ -594,7 +606,8 @@ class _Trainer:
                 ref = torch.cat([mixed_logits(self.reference, obs[b:b + size], self.amp)
                                  for b in range(0, config.batch_size, size)])
             batch = dataclasses.replace(batch, ref_logits=ref)
-        coef = dataclasses.replace(config.coefficients, kl_weight=kl_w)
+        coef = dataclasses.replace(config.coefficients, kl_weight=kl_w,
+                                   ent_coef=ent_at(config, update, self.world.world_size))
         for parameter in self.shared:
             parameter.requires_grad_(not frozen)
         stats: dict[str, list[torch.Tensor]] = {}
