@@ -71,10 +71,9 @@ LAST = "ppo_last.pt"
 
 # Options that fix the counters and schedules a resumed run must continue.
 RESUME_KEYS = ("total_steps", "num_envs", "num_steps", "lr", "anneal_lr", "anneal_ent",
-               "warmup_updates",
-               "warmup_ramp_updates", "kl_coef", "kl_decay", "bc_coef", "bc_decay",
-               "label_rollouts",
-               "from_scratch", "eval_episodes", "eval_seed", "eval_max_steps")
+               "warmup_updates", "warmup_ramp_updates", "kl_coef", "kl_decay", "bc_coef",
+               "bc_decay", "label_rollouts", "from_scratch", "eval_episodes", "eval_seed",
+               "eval_max_steps")
 
 
 @dataclass(frozen=True)
@@ -253,18 +252,23 @@ def describe_seeds(seeds: range) -> str:
 # -- schedules (pure) --------------------------------------------------------------------
 
 
+def _remaining(config: PPOConfig, update: int, world_size: int) -> float:
+    """The linear fade the annealed schedules share: 1 at update 1, falling toward 0."""
+    return 1.0 - (update - 1) / config.updates(world_size)
+
+
 def lr_at(config: PPOConfig, update: int, world_size: int = 1) -> float:
     """Learning rate of update `update` (1-based) before the warm-up factor."""
     if not config.anneal_lr:
         return config.lr
-    return config.lr * (1.0 - (update - 1) / config.updates(world_size))
+    return config.lr * _remaining(config, update, world_size)
 
 
 def ent_at(config: PPOConfig, update: int, world_size: int = 1) -> float:
     """Entropy-bonus weight of update `update` (1-based)."""
     if not config.anneal_ent:
         return config.ent_coef
-    return config.ent_coef * (1.0 - (update - 1) / config.updates(world_size))
+    return config.ent_coef * _remaining(config, update, world_size)
 
 
 def policy_lr_factor(config: PPOConfig, update: int) -> float:
