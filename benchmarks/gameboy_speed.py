@@ -6,10 +6,10 @@ Game CATCH (`EnvSpec(game="catch")`, 4 frames per agent step), random actions, t
 vector envs in training's same-step autoreset mode. For each number of envs N:
 
 - `gym async`: gymnasium's AsyncVectorEnv over shared memory, one process per env (fork);
-  what GameBoyVectorEnv used before its own pool;
+  what PoolVectorEnv used before its own pool;
 - `gym sync`: gymnasium's SyncVectorEnv, every env in this process;
-- `pool in-process`: GameBoyVectorEnv with `processes=False` (own slices, no workers);
-- `pool K workers`: GameBoyVectorEnv with K worker processes over shared memory, each
+- `pool in-process`: PoolVectorEnv with `processes=False` (own slices, no workers);
+- `pool K workers`: PoolVectorEnv with K worker processes over shared memory, each
   stepping N/K envs: K = the usable cores (the default) and K = N (one process per env).
 
 Baselines, one emulator in this process: `bare PyBoy` presses the action's buttons, ticks
@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from oakemu_rl.envs import EnvSpec, roms
-from oakemu_rl.envs.gameboy import GameBoyEnv, GameBoyVectorEnv
-from oakemu_rl.envs.gameboy_pool import default_workers
+from oakemu_rl.envs.gameboy import GameBoyEnv
+from oakemu_rl.envs.pool import PoolVectorEnv, default_workers
 
 Case = Callable[[float, np.random.Generator], tuple[float, float]]
 """Runs for about `seconds`; returns agent steps/s and CPU µs per agent step."""
@@ -191,11 +191,11 @@ def main() -> None:
         cases["gym async", n] = vector(gym_vector(spec, n, processes=True), n, actions_n)
         cases["gym sync", n] = vector(gym_vector(spec, n, processes=False), n, actions_n)
         cases["pool in-process", n] = vector(
-            functools.partial(GameBoyVectorEnv, spec, n, same_step_reset=True,
+            functools.partial(PoolVectorEnv, spec, n, same_step_reset=True,
                               processes=False), n, actions_n)
         for k in sorted({min(n, cores), n}):
             cases[f"pool {k} worker{'s' if k > 1 else ''}", n] = vector(
-                functools.partial(GameBoyVectorEnv, spec, n, same_step_reset=True,
+                functools.partial(PoolVectorEnv, spec, n, same_step_reset=True,
                                   processes=True, workers=k), n, actions_n)
 
     rates: dict[tuple[str, int], list[float]] = {key: [] for key in cases}

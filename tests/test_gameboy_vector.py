@@ -18,7 +18,8 @@ import pytest
 pytest.importorskip("pyboy")
 
 from oakemu_rl.envs import EnvSpec
-from oakemu_rl.envs.gameboy import GameBoyEnv, GameBoyVectorEnv
+from oakemu_rl.envs.gameboy import GameBoyEnv
+from oakemu_rl.envs.pool import PoolVectorEnv
 from oakemu_rl.errors import EnvError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -43,7 +44,7 @@ def reference(spec: EnvSpec, num_envs: int, same_step_reset: bool):
                          [(True, 2), (False, 2), (True, 0), (False, 3)])
 def test_same_games_as_single_envs(same_step_reset: bool, workers: int) -> None:
     spec, n, steps = short_catch(), 3, 30
-    ours = GameBoyVectorEnv(spec, n, same_step_reset=same_step_reset,
+    ours = PoolVectorEnv(spec, n, same_step_reset=same_step_reset,
                             processes=workers > 0, workers=workers or None)
     theirs = reference(spec, n, same_step_reset)
     try:
@@ -79,7 +80,7 @@ def test_same_games_as_single_envs(same_step_reset: bool, workers: int) -> None:
 
 def test_env_i_plays_seed_plus_i_and_a_reset_repeats_the_game() -> None:
     spec = short_catch(40)
-    venv = GameBoyVectorEnv(spec, 2, workers=2)
+    venv = PoolVectorEnv(spec, 2, workers=2)
     single = GameBoyEnv(spec)
     try:
         first, _ = venv.reset(seed=5)
@@ -104,7 +105,7 @@ def test_labels_are_the_scripts_actions_on_each_returned_observation(
     from oakemu_rl.agents.scripted_catch import CatchDemonstrator
 
     spec, n, steps = short_catch(), 2, 30
-    venv = GameBoyVectorEnv(spec, n, same_step_reset=same_step_reset,
+    venv = PoolVectorEnv(spec, n, same_step_reset=same_step_reset,
                             processes=workers > 0, workers=workers or None,
                             labeller="planner")
     singles = [GameBoyEnv(spec) for _ in range(n)]
@@ -140,11 +141,11 @@ def test_labels_are_the_scripts_actions_on_each_returned_observation(
 
 def test_labels_need_a_scripted_style() -> None:
     with pytest.raises(EnvError, match="no style 'dreamer'"):
-        GameBoyVectorEnv(short_catch(), 2, workers=2, labeller="dreamer")
+        PoolVectorEnv(short_catch(), 2, workers=2, labeller="dreamer")
 
 
 def test_errors_close_and_dead_workers() -> None:
-    venv = GameBoyVectorEnv(short_catch(), 2, workers=2)
+    venv = PoolVectorEnv(short_catch(), 2, workers=2)
     pids = [p.pid for p in venv.pool.processes]
     venv.reset(seed=0)
     with pytest.raises(EnvError, match="out of range"):
@@ -153,7 +154,7 @@ def test_errors_close_and_dead_workers() -> None:
         venv.step(np.array([0, 0]))
     assert not any(p.is_alive() for p in venv.pool.processes)
 
-    venv = GameBoyVectorEnv(short_catch(), 2, workers=2)
+    venv = PoolVectorEnv(short_catch(), 2, workers=2)
     venv.reset(seed=0)
     os.kill(venv.pool.processes[1].pid, signal.SIGKILL)
     with pytest.raises(EnvError) as caught:
@@ -168,8 +169,8 @@ def test_errors_close_and_dead_workers() -> None:
 SCRIPT = """
 import sys, time
 from oakemu_rl.envs import EnvSpec
-from oakemu_rl.envs.gameboy import GameBoyVectorEnv
-venv = GameBoyVectorEnv(EnvSpec(game="catch"), 3, workers=2)
+from oakemu_rl.envs.pool import PoolVectorEnv
+venv = PoolVectorEnv(EnvSpec(game="catch"), 3, workers=2)
 venv.reset(seed=0)
 print(*[p.pid for p in venv.pool.processes], flush=True)
 time.sleep(60)

@@ -57,7 +57,7 @@ from oakemu_rl.rl.losses import (
     ppo_loss,
     value_loss,
 )
-from oakemu_rl.rl.rollout import RolloutCollector
+from oakemu_rl.rl.rollout import Rollout, RolloutCollector
 
 TINY = PPOModelConfiguration(conv_layers=((8, 8, 4), (16, 4, 2)), fc_hidden=(32,))
 SHARED = ("conv.", "fc.", "policy_head.")
@@ -1086,6 +1086,23 @@ def test_missing_bc_demos_are_refused_before_the_run_directory_is_touched(
     assert sorted((run_dir / "tb").rglob("*")) == events
 
 
+def labelled_rollout(spec: EnvSpec, style: str, steps: int) -> Rollout:
+    """One rollout of a tiny random policy in 2 envs (seeds 4 and 5), labelled by the
+    scripted player in `style`; the envs step in worker processes."""
+    torch.manual_seed(0)
+    model = PPOModel(spec.observation_shape, len(action_meanings(spec)), TINY)
+    mask = torch.from_numpy(action_mask(spec))
+    collector = RolloutCollector(spec, model, mask, num_envs=2, num_steps=steps,
+                                 device=torch.device("cpu"), seed=4, labeller=style)
+    try:
+        assert collector.env.pool.processes
+        rollout = collector.collect()
+    finally:
+        collector.close()
+    assert rollout.labels is not None and rollout.labels.shape == (steps, 2)
+    return rollout
+
+
 def test_rollout_labels_are_the_scripts_actions_on_the_observations_beside_them() -> None:
     """Replaying a labelled rollout's actions in single envs, a scripted player reading
     each env's RAM gives the label stored beside every observation, episode ends included."""
@@ -1096,16 +1113,7 @@ def test_rollout_labels_are_the_scripts_actions_on_the_observations_beside_them(
     config = json.loads(EnvSpec(game="catch").game_config)
     config["game"]["max_steps"] = 15  # episodes end inside the rollout
     spec = EnvSpec(game="catch", game_config=json.dumps(config))
-    torch.manual_seed(0)
-    model = PPOModel(spec.observation_shape, len(action_meanings(spec)), TINY)
-    mask = torch.from_numpy(action_mask(spec))
-    collector = RolloutCollector(spec, model, mask, num_envs=2, num_steps=40,
-                                 device=torch.device("cpu"), seed=4, labeller="planner")
-    try:
-        rollout = collector.collect()
-    finally:
-        collector.close()
-    assert rollout.labels is not None and rollout.labels.shape == (40, 2)
+    rollout = labelled_rollout(spec, "planner", 40)
     script = CatchDemonstrator(spec)
     for i in range(2):
         env = GameBoyEnv(spec.for_evaluation())
@@ -1120,6 +1128,33 @@ def test_rollout_labels_are_the_scripts_actions_on_the_observations_beside_them(
         finally:
             env.close()
     assert len(set(rollout.labels.flatten().tolist())) >= 2
+
+
+def test_atari_rollout_labels_are_the_human_players_actions_with_the_agents_keys() -> None:
+    """On Pong the labelled rollout steps single envs in worker processes: replaying its
+    actions in single envs, the human-style player (told each step which key the agent
+    pressed instead of its own, as relabelling tells it) gives every stored label, and the
+    observations are those envs' own."""
+    from oakemu_rl.envs import make_env
+
+    spec = spec_for(())
+    rollout = labelled_rollout(spec, "human", 60)
+    for i in range(2):
+        env = make_env(spec.for_evaluation())
+        script = make_demonstrator(spec.for_evaluation(), seed=i, style="human")
+        try:
+            obs, _ = env.reset(seed=4 + i)
+            script.reset(env, i)
+            for t in range(60):
+                np.testing.assert_array_equal(rollout.obs[t, i].numpy(), obs)
+                assert int(rollout.labels[t, i]) == script.act(env, obs), (t, i)
+                action = int(rollout.actions[t, i])
+                script.was_taken(action)
+                obs, *_ = env.step(action)
+        finally:
+            env.close()
+    moves = {int(a) for a in rollout.labels.flatten()} - {0}
+    assert moves  # the script moves the paddle on the agent's states, not only NOOP
 
 
 def test_label_rollouts_add_a_bc_loss_on_the_agents_own_states(tmp_path: Path) -> None:
@@ -1153,9 +1188,14 @@ def test_label_rollouts_are_refused_where_no_script_can_give_them(tmp_path: Path
         tiny(1, label_rollouts="planner")  # no BC loss to feed
     run_dir = tmp_path / "run"
     write_start(run_dir)
-    with pytest.raises(ConfigError, match=r"needs a Game Boy game.*pong is an Atari game"):
-        run_ppo(run_dir, tiny(1, bc_coef=1.0, label_rollouts="planner"))
+    with pytest.raises(ConfigError, match=r"--label-rollouts dreamer: .*no style 'dreamer'"):
+        run_ppo(run_dir, tiny(1, bc_coef=1.0, label_rollouts="dreamer"))
     assert not (run_dir / "ppo_metrics.jsonl").exists()
+    other = tmp_path / "other"
+    write_start(other, spec=EnvSpec(game="space_invaders"))
+    with pytest.raises(ConfigError, match="no scripted demonstrator for space_invaders"):
+        run_ppo(other, tiny(1, bc_coef=1.0, label_rollouts="planner"))
+    assert not (other / "ppo_metrics.jsonl").exists()
 
 
 # -- bf16 trunk -----------------------------------------------------------------------------

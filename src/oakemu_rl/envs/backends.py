@@ -67,22 +67,20 @@ def make_vector_env(spec: EnvSpec, num_envs: int, *, same_step_reset: bool = Fal
     episode returns the next episode's first observation and the last one in
     `info["final_obs"]`, which training needs to bootstrap truncated episodes.
 
-    With `labeller` (a scripted player's style; Game Boy games only, where the script reads
-    RAM in the worker that steps the env), `info["labels"]` of every reset and step holds
-    the action that player would take on each returned observation.
+    With `labeller` (a scripted player's style), `info["labels"]` of every reset and step
+    holds the action that player would take on each returned observation. The script
+    reads RAM, so it runs beside each emulator in the worker process that steps it: Game
+    Boy games always step that way, and Atari games do then instead of in ale-py's C++
+    vector env, which does not expose each emulator's RAM.
     """
     if num_envs < 1:
         raise EnvError(f"the number of envs must be at least 1, got {num_envs}")
     action_mask(spec)
-    if spec.backend == "pyboy":
-        from .gameboy import GameBoyVectorEnv
+    if spec.backend == "pyboy" or labeller is not None:
+        from .pool import PoolVectorEnv
 
-        return GameBoyVectorEnv(spec, num_envs, same_step_reset=same_step_reset,
-                                labeller=labeller)
-    if labeller is not None:
-        raise EnvError(f"labelled rollouts run the scripted player beside each Game Boy "
-                       f"emulator; {spec.game} is an Atari game, whose vector env has no "
-                       "place for it")
+        return PoolVectorEnv(spec, num_envs, same_step_reset=same_step_reset,
+                             labeller=labeller)
     from .ale import make_ale_vector_env
 
     return make_ale_vector_env(spec, num_envs, same_step_reset=same_step_reset)

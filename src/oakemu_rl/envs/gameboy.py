@@ -7,8 +7,8 @@ the last frame is rendered. Observations are grayscale, cropped, resized to
 Rewards and episode ends are read from RAM as the game config says.
 
 PyBoy is single-threaded, so training steps several emulators in worker processes
-(`GameBoyVectorEnv`, over `gameboy_pool`); `benchmarks/gameboy_speed.py` measures what that costs
-against one bare emulator.
+(`pool.PoolVectorEnv`); `benchmarks/gameboy_speed.py` measures what that costs against one
+bare emulator.
 """
 
 from __future__ import annotations
@@ -188,81 +188,3 @@ class GameBoyEnv(gym.Env):
         if emulator is not None:
             emulator.stop(save=False)
             self.emulator = None
-
-
-class GameBoyVectorEnv:
-    """`num_envs` Game Boy envs stepped together, with the Atari vector env's interface:
-    arrays in, arrays out, `info["lives"]`, and with `same_step_reset` the next episode's
-    first observation at once and the last one in `info["final_obs"]`.
-
-    Several envs run in `workers` worker processes (default: one per core), each stepping
-    its share of the envs, over shared memory (`gameboy_pool`); one env, or
-    `processes=False`, runs in this process. A worker that dies raises `EnvError`.
-
-    With `labeller` (a scripted player's style), `info["labels"]` holds, for every env, the
-    action that player would take on the observation returned beside it.
-    """
-
-    def __init__(self, spec: EnvSpec, num_envs: int, *, same_step_reset: bool = False,
-                 processes: bool | None = None, workers: int | None = None,
-                 labeller: str | None = None) -> None:
-        from .gameboy_pool import GameBoyPool, default_workers
-
-        if num_envs < 1:
-            raise EnvError(f"the number of envs must be at least 1, got {num_envs}")
-        if labeller is not None:  # a game or style without a script: refused before any fork
-            from ..agents.scripted import make_demonstrator
-
-            make_demonstrator(spec, style=labeller)
-        if processes is None:
-            processes = num_envs > 1
-        if not processes:
-            workers = 0
-        elif workers is None:
-            workers = default_workers(num_envs)
-        self.num_envs = num_envs
-        self.same_step_reset = same_step_reset
-        self.single_action_space = gym.spaces.Discrete(len(spec.gameboy_config.actions))
-        self.single_observation_space = gym.spaces.Box(0, 255, spec.observation_shape,
-                                                       np.uint8)
-        self.labelled = labeller is not None
-        self.pool = GameBoyPool(spec, num_envs, spec.observation_shape,
-                                same_step_reset=same_step_reset, workers=workers,
-                                labeller=labeller)
-        self._buffers = self.pool.buffers
-
-    def _info(self) -> dict[str, Any]:
-        b = self._buffers
-        out: dict[str, Any] = {"lives": b.lives.copy()}
-        if self.labelled:
-            out["labels"] = b.labels.copy()
-        if self.same_step_reset and b.finished.any():
-            finals = np.zeros_like(b.obs)
-            ids = np.flatnonzero(b.finished)
-            finals[ids] = b.final_obs[ids]
-            out["final_obs"] = finals  # lives stay the new games' (as on Atari)
-        return out
-
-    def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-        if seed is not None:
-            seed = int(seed)
-            if seed < 0:
-                raise EnvError(f"the seed must not be negative, got {seed}")
-        self.pool.reset(seed)
-        self._buffers.finished[:] = False
-        return self._buffers.obs.copy(), self._info()
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                 np.ndarray, dict[str, Any]]:
-        actions = np.asarray(actions)
-        if actions.shape != (self.num_envs,):
-            raise EnvError(f"step needs one action per env ({self.num_envs}), got an array "
-                           f"of shape {actions.shape}")
-        self._buffers.actions[:] = actions
-        self.pool.step()
-        b = self._buffers
-        return (b.obs.copy(), b.rewards.copy(), b.terminated.copy(), b.truncated.copy(),
-                self._info())
-
-    def close(self) -> None:
-        self.pool.close()

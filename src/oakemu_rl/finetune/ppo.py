@@ -52,7 +52,7 @@ from ..configs import check_choice, check_options
 from ..demos import open_demo_files
 from ..demos.dataset import DemoDataset, split_episodes
 from ..envs import EnvSpec, require_same_env
-from ..errors import ConfigError, OakEmuError, check_finite
+from ..errors import ConfigError, EnvError, OakEmuError, check_finite
 from ..metrics import MetricsLogger
 from ..model import PPOModel, mixed_forward, mixed_logits
 from ..rl.losses import PPOBatch, PPOCoefficients, bc_loss, ppo_loss
@@ -138,8 +138,9 @@ class PPOConfig:
     """Demo samples per minibatch for the BC loss."""
     label_rollouts: str | None = None
     """Style of the scripted player that labels every state the rollouts visit: the BC
-    loss then covers the agent's own states too, at the same weight (Game Boy games,
-    whose scripts read RAM; needs bc_coef)."""
+    loss then covers the agent's own states too, at the same weight (a game with a
+    scripted player; it reads each emulator's RAM, so Atari rollouts step single envs in
+    worker processes rather than the C++ vector env; needs bc_coef)."""
     eval_every: int = 0
     """Greedy evaluation every this many updates, and always after the last (0: only after
     the last); ppo.pt is the evaluated policy that scored best."""
@@ -349,11 +350,10 @@ def _check_labeller(style: str, start: Checkpoint) -> None:
     """Refuse, before the run directory is touched, labels no script can give."""
     from ..agents.scripted import make_demonstrator
 
-    spec = EnvSpec.from_dict(start.env_spec)
-    if spec.backend != "pyboy":
-        raise ConfigError(f"--label-rollouts needs a Game Boy game, whose scripted player "
-                          f"reads RAM beside each emulator; {spec.game} is an Atari game")
-    make_demonstrator(spec, style=style)
+    try:
+        make_demonstrator(EnvSpec.from_dict(start.env_spec), style=style)
+    except EnvError as error:
+        raise ConfigError(f"--label-rollouts {style}: {error}") from None
 
 
 CRITIC_RETURNS = ("reward_clipping", "episodic_life", "gamma")

@@ -1,8 +1,12 @@
-"""Game Boy envs stepped in a few worker processes over shared memory.
+"""Single envs stepped together in a few worker processes over shared memory.
 
-PyBoy is single-threaded, so several emulators need several processes. Each worker
-process owns a contiguous slice of the envs and steps them one after another; the
-observations, rewards, episode ends, lives and final observations go straight into one
+The Game Boy's emulator is single-threaded, so several of them need several processes;
+Atari trains on ale-py's own C++ vector env, except where a scripted player must read
+each emulator's RAM beside it (labelled rollouts), which that vector env does not expose.
+`PoolVectorEnv` steps any backend's single envs (`backends.make_env`) this way.
+
+Each worker process owns a contiguous slice of the envs and steps them one after another;
+the observations, rewards, episode ends, lives and final observations go straight into one
 anonymous shared mapping (made before the workers fork), and the pipes carry only a
 byte per command and a byte per reply. Nothing is pickled on a step.
 
@@ -14,8 +18,9 @@ reference the worker path is tested against, and the fastest choice for one env.
 
 With a `labeller` (a scripted player's style), every env also gets a scripted player that
 labels each observation the env returns with the action the script would take there,
-read from the emulator's RAM in the worker that steps it: PPO's BC loss can then cover the
-states the agent itself reaches (`PPOConfig.label_rollouts`).
+read from the emulator's RAM in the worker that steps it, and told which action the agent
+took instead: PPO's BC loss can then cover the states the agent itself reaches
+(`PPOConfig.label_rollouts`).
 
 A worker that dies (killed, out of memory) makes the next call raise a one-line
 `EnvError`. Workers are daemons, ignore SIGINT (the parent closes them), and exit as soon
@@ -35,10 +40,12 @@ import weakref
 from multiprocessing.connection import Connection
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from ..errors import EnvError
 from ..runtime import usable_cpus
+from .backends import action_meanings, make_env
 from .spec import EnvSpec
 
 _STEP, _RESET, _CLOSE = b"s", b"r", b"c"
@@ -94,8 +101,6 @@ class _Slice:
 
     def __init__(self, spec: EnvSpec, start: int, stop: int, buffers: _Buffers,
                  same_step_reset: bool, labeller: str | None = None) -> None:
-        from .gameboy import GameBoyEnv
-
         self.start = start
         self.same_step_reset = same_step_reset
         self.buffers = buffers
@@ -103,7 +108,7 @@ class _Slice:
         self.labellers: list[Any] = []
         try:
             for _ in range(start, stop):
-                self.envs.append(GameBoyEnv(spec))
+                self.envs.append(make_env(spec))
             if labeller is not None:
                 from ..agents.scripted import make_demonstrator
 
@@ -113,6 +118,14 @@ class _Slice:
             self.close()
             raise
         self.autoreset = np.zeros(stop - start, dtype=bool)
+
+    def _taken(self, j: int, action: int) -> None:
+        """Tell env j's scripted player that the agent, not it, chose this step's action:
+        a player that remembers its own keys (the human style) must remember these."""
+        if self.labellers:
+            taken = getattr(self.labellers[j], "was_taken", None)
+            if taken is not None:
+                taken(action)
 
     def _label(self, j: int, obs: np.ndarray, new_game: bool) -> None:
         """The scripted player's action for env j's observation `obs` (a new game's first
@@ -143,6 +156,7 @@ class _Slice:
                 reward, terminated, truncated = 0.0, False, False
                 new_game = True
             else:
+                self._taken(j, int(b.actions[i]))
                 obs, reward, terminated, truncated, info = env.step(b.actions[i])
                 if self.same_step_reset and (terminated or truncated):
                     b.final_obs[i] = obs
@@ -208,8 +222,8 @@ def _pickle_error(error: BaseException) -> bytes:
         return pickle.dumps(EnvError(f"{type(error).__name__}: {error}"))
 
 
-class GameBoyPool:
-    """`num_envs` GameBoyEnvs in `workers` processes (0: in this process), stepped
+class EnvPool:
+    """`num_envs` single envs of `spec` in `workers` processes (0: in this process), stepped
     together; `step` and `reset` fill `buffers` (with `labeller`, `buffers.labels` too) and
     return nothing."""
 
@@ -239,7 +253,7 @@ class GameBoyPool:
                 parent, child = context.Pipe()
                 self.conns.append(parent)  # before the fork: the worker closes it
                 process = context.Process(
-                    target=_worker, name=f"oakemu-gameboy-{start}-{stop - 1}", daemon=True,
+                    target=_worker, name=f"oakemu-env-{start}-{stop - 1}", daemon=True,
                     args=(child, spec, int(start), int(stop), self.buffers, same_step_reset,
                           labeller))
                 process.start()
@@ -256,7 +270,7 @@ class GameBoyPool:
     def _describe(self, k: int) -> str:
         start, stop = self.slices[k]
         envs = f"env {start}" if stop - start == 1 else f"envs {start}-{stop - 1}"
-        return f"Game Boy worker process {self.processes[k].pid} ({envs})"
+        return f"env worker process {self.processes[k].pid} ({envs})"
 
     def _died(self, k: int) -> EnvError:
         process = self.processes[k]
@@ -285,7 +299,7 @@ class GameBoyPool:
 
     def _send(self, command: bytes) -> None:
         if self.closed:
-            raise EnvError("the Game Boy vector env is closed"
+            raise EnvError("the vector env is closed"
                            + (f" ({self.failure})" if self.failure else ""))
         for k, conn in enumerate(self.conns):
             try:
@@ -311,7 +325,7 @@ class GameBoyPool:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise EnvError("the Game Boy vector env is closed")
+            raise EnvError("the vector env is closed")
 
     # -- closing -----------------------------------------------------------------------
 
@@ -339,3 +353,79 @@ class GameBoyPool:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close(timeout=1.0)
+
+
+class PoolVectorEnv:
+    """`num_envs` single envs of `spec` stepped together, with the C++ Atari vector env's
+    interface: arrays in, arrays out, `info["lives"]`, and with `same_step_reset` the next
+    episode's first observation at once and the last one in `info["final_obs"]`.
+
+    Several envs run in `workers` worker processes (default: one per core), each stepping
+    its share of the envs, over shared memory (`EnvPool`); one env, or
+    `processes=False`, runs in this process. A worker that dies raises `EnvError`.
+
+    With `labeller` (a scripted player's style), `info["labels"]` holds, for every env, the
+    action that player would take on the observation returned beside it.
+    """
+
+    def __init__(self, spec: EnvSpec, num_envs: int, *, same_step_reset: bool = False,
+                 processes: bool | None = None, workers: int | None = None,
+                 labeller: str | None = None) -> None:
+        if num_envs < 1:
+            raise EnvError(f"the number of envs must be at least 1, got {num_envs}")
+        if labeller is not None:  # a game or style without a script: refused before any fork
+            from ..agents.scripted import make_demonstrator
+
+            make_demonstrator(spec, style=labeller)
+        if processes is None:
+            processes = num_envs > 1
+        if not processes:
+            workers = 0
+        elif workers is None:
+            workers = default_workers(num_envs)
+        self.num_envs = num_envs
+        self.same_step_reset = same_step_reset
+        self.single_action_space = gym.spaces.Discrete(len(action_meanings(spec)))
+        self.single_observation_space = gym.spaces.Box(0, 255, spec.observation_shape,
+                                                       np.uint8)
+        self.labelled = labeller is not None
+        self.pool = EnvPool(spec, num_envs, spec.observation_shape,
+                            same_step_reset=same_step_reset, workers=workers,
+                            labeller=labeller)
+        self._buffers = self.pool.buffers
+
+    def _info(self) -> dict[str, Any]:
+        b = self._buffers
+        out: dict[str, Any] = {"lives": b.lives.copy()}
+        if self.labelled:
+            out["labels"] = b.labels.copy()
+        if self.same_step_reset and b.finished.any():
+            finals = np.zeros_like(b.obs)
+            ids = np.flatnonzero(b.finished)
+            finals[ids] = b.final_obs[ids]
+            out["final_obs"] = finals  # lives stay the new games' (as on Atari)
+        return out
+
+    def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        if seed is not None:
+            seed = int(seed)
+            if seed < 0:
+                raise EnvError(f"the seed must not be negative, got {seed}")
+        self.pool.reset(seed)
+        self._buffers.finished[:] = False
+        return self._buffers.obs.copy(), self._info()
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                 np.ndarray, dict[str, Any]]:
+        actions = np.asarray(actions)
+        if actions.shape != (self.num_envs,):
+            raise EnvError(f"step needs one action per env ({self.num_envs}), got an array "
+                           f"of shape {actions.shape}")
+        self._buffers.actions[:] = actions
+        self.pool.step()
+        b = self._buffers
+        return (b.obs.copy(), b.rewards.copy(), b.terminated.copy(), b.truncated.copy(),
+                self._info())
+
+    def close(self) -> None:
+        self.pool.close()
