@@ -239,6 +239,10 @@ def test_a_containers_cpu_quota_caps_the_game_processes(tmp_path: Path) -> None:
     _cgroup(v2, "", {"cpu.max": "max 100000"})
     _cgroup(v2, "user.slice/job", {"cpu.max": "max 100000"})
     assert cgroup_cpu_quota(v2, membership) is None
+    # a quota on a group above the process's binds it too
+    _cgroup(v2, "user.slice", {"cpu.max": "250000 100000"})
+    assert cgroup_cpu_quota(v2, membership) == 2.5
+    _cgroup(v2, "user.slice", {"cpu.max": "max 100000"})
     # v1 inside a container: /proc names the host's path, the mount is the group itself
     v1 = tmp_path / "v1"
     membership.write_text("12:pids:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/\n")
@@ -246,6 +250,12 @@ def test_a_containers_cpu_quota_caps_the_game_processes(tmp_path: Path) -> None:
     assert cgroup_cpu_quota(v1, membership) == 2.0
     _cgroup(v1, "cpu,cpuacct", {"cpu.cfs_quota_us": "-1", "cpu.cfs_period_us": "100000"})
     assert cgroup_cpu_quota(v1, membership) is None
+    # v1 on a host: the group's parent in the controller's mount sets the quota
+    membership.write_text("4:cpu,cpuacct:/kubepods/pod1/abc\n")
+    _cgroup(v1, "cpu,cpuacct/kubepods/pod1", {"cpu.cfs_quota_us": "50000",
+                                              "cpu.cfs_period_us": "100000"})
+    assert cgroup_cpu_quota(v1, membership) == 0.5
+    membership.write_text("12:pids:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/\n")
     # unreadable or foreign text is no quota, never an error
     _cgroup(v1, "cpu,cpuacct", {"cpu.cfs_quota_us": "lots", "cpu.cfs_period_us": "100000"})
     assert cgroup_cpu_quota(v1, membership) is None

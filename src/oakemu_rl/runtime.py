@@ -11,7 +11,7 @@ import contextlib
 import math
 import os
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 
@@ -38,9 +38,10 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"),
                      membership: Path = Path("/proc/self/cgroup")) -> float | None:
     """The CPUs' worth of time this process's cgroup may use (quota / period; the smallest
     where several folders set one), or None where no quota is set or the system does not
-    say. Reads cgroup v2 (`cpu.max` in the process's group or the root) and v1
-    (`cpu.cfs_quota_us` and `cpu.cfs_period_us` in the `cpu` controller's group or its
-    root)."""
+    say. Reads cgroup v2 (`cpu.max` in the process's group, each group above it, and the
+    root) and v1 (`cpu.cfs_quota_us` and `cpu.cfs_period_us` in the `cpu` controller's
+    group, each group above it, and its root): a quota set on a parent group (a slice
+    holding the container) binds the groups inside it too."""
     try:
         groups = membership.read_text().splitlines()
     except OSError:
@@ -50,12 +51,13 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"),
         if line.count(":") < 2:
             continue
         _, controllers, path = line.split(":", 2)
-        rel = path.lstrip("/")
+        parts = PurePosixPath("/" + path.lstrip("/")).parts[1:]
+        chain = [Path(*parts[:k]) for k in range(len(parts), 0, -1)]  # the group, then up
         if controllers == "":
-            places.append((root / rel, True))
+            places += [(root / rel, True) for rel in chain]
         elif "cpu" in controllers.split(","):
             mount = root / controllers
-            places += [(mount / rel, False), (root / "cpu" / rel, False)]
+            places += [(base / rel, False) for rel in chain for base in (mount, root / "cpu")]
     places += [(root, True), (root / "cpu", False), (root / "cpu,cpuacct", False)]
     quotas = [q for folder, v2 in places if (q := _read_quota(folder, v2))]
     return min(quotas) if quotas else None
