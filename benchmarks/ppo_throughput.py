@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/ppo_throughput.py [--steps 16384] [--rounds 3]
         [--threads 1 2] [--precision fp32 bf16] [--mode warm] [--start calibrated.pt]
+        [--label-rollouts human]
 
 Each run trains the Atari recipe (8 envs x 128 steps, 4 epochs of 4 minibatches of 256, no
 evaluation games) on Pong for `--steps` agent steps in a fresh process, from `--start` (a
@@ -15,6 +16,13 @@ the median time split (env / inference / learning, from ppo.pt's extra["timings"
 
 bf16 runs the conv trunk under autocast (`PPOConfig.precision`); it pays on a CPU with
 bf16 matrix instructions and on GPUs that support bf16.
+
+`--label-rollouts STYLE` adds, beside every (precision, threads) run, one whose rollouts
+the scripted player in STYLE labels (`PPOConfig.label_rollouts`, with the BC loss at
+weight 1 on those labels and on demo batches of the start's lineage, so `--start` must be
+a checkpoint of a bc lineage): its envs step as single emulators in worker processes, the
+script beside each, instead of the C++ vector env. The ratio is the labelled run's steps/s
+to the plain one's.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ NUM_ENVS, NUM_STEPS = 8, 128
 
 
 def worker(steps: int, threads: int, seed: int, mode: str, precision: str,
-           start: str | None) -> dict:
+           start: str | None, labels: str | None = None) -> dict:
     """One run in this process; returns its steps/s, wall time and time split."""
     import torch
 
@@ -57,7 +65,9 @@ def worker(steps: int, threads: int, seed: int, mode: str, precision: str,
         config = PPOConfig(from_scratch=mode == "scratch", total_steps=steps,
                            num_envs=NUM_ENVS, num_steps=NUM_STEPS, warmup_updates=0,
                            warmup_ramp_updates=0, eval_episodes=0, checkpoint_every=10**9,
-                           seed=seed, threads=threads, precision=precision)
+                           seed=seed, threads=threads, precision=precision,
+                           bc_coef=1.0 if labels else 0.0, bc_decay=1.0,
+                           label_rollouts=labels)
         wall = time.perf_counter()
         path = finetune_ppo(config, run_dir=folder / "run", checkpoint=start, device="cpu",
                             progress=False)
@@ -68,17 +78,25 @@ def worker(steps: int, threads: int, seed: int, mode: str, precision: str,
     return {"sps": records[-1]["charts/SPS"], "wall": wall, "split": timings}
 
 
-def run_worker(args: argparse.Namespace, precision: str, threads: int, seed: int) -> dict:
+def run_worker(args: argparse.Namespace, precision: str, threads: int, labels: str | None,
+               seed: int) -> dict:
     command = [sys.executable, __file__, "--worker", "--steps", str(args.steps),
                "--threads", str(threads), "--precision", precision, "--seed", str(seed),
                "--mode", args.mode]
     if args.start:
         command += ["--start", str(args.start)]
+    if labels:
+        command += ["--label-rollouts", labels]
     env = os.environ | {"OMP_NUM_THREADS": str(threads)}
     done = subprocess.run(command, check=False, capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        sys.exit(f"the {precision} run on {threads} thread(s) failed:\n{done.stderr[-4000:]}")
+        sys.exit(f"the {name(precision, labels)} run on {threads} thread(s) failed:\n"
+                 f"{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def name(precision: str, labels: str | None) -> str:
+    return f"{precision}+{labels} labels" if labels else precision
 
 
 def split_text(split: dict) -> str:
@@ -99,46 +117,55 @@ def main() -> None:
                         help="warm: the warm-start guards on; scratch: plain PPO")
     parser.add_argument("--start", type=Path,
                         help="calibrated checkpoint to start from (default: a fresh model)")
+    parser.add_argument("--label-rollouts", metavar="STYLE",
+                        help="also run each pair with rollouts labelled by this scripted "
+                             "style (needs --start)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.start is not None and not args.start.is_file():
         sys.exit(f"--start {args.start} is not a file")
+    if args.label_rollouts and args.start is None and not args.worker:
+        sys.exit("--label-rollouts needs --start: its BC loss reads the start's demos")
 
     if args.worker:
         print(json.dumps(worker(args.steps, args.threads[0], args.seed, args.mode,
-                                args.precision[0], args.start and str(args.start))))
+                                args.precision[0], args.start and str(args.start),
+                                args.label_rollouts)))
         return
 
-    jobs = [(p, t) for t in args.threads for p in args.precision]
-    results: dict[tuple[str, int], list[dict]] = {job: [] for job in jobs}
+    variants = [None] + ([args.label_rollouts] if args.label_rollouts else [])
+    kinds = [(p, v) for p in args.precision for v in variants]
+    jobs = [(p, t, v) for t in args.threads for p, v in kinds]
+    results: dict[tuple[str, int, str | None], list[dict]] = {job: [] for job in jobs}
     load = [os.getloadavg()[0]]
     print(f"PPO throughput, Pong, {NUM_ENVS} envs x {NUM_STEPS} steps, {args.steps} agent "
           f"steps per run, {args.rounds} rounds, {args.mode}, start "
           f"{args.start or 'a fresh model'}, {os.cpu_count()} CPUs")
     for r in range(args.rounds):
-        for precision, threads in jobs if r % 2 == 0 else jobs[::-1]:
-            result = run_worker(args, precision, threads, args.seed + r)
-            results[precision, threads].append(result)
+        for precision, threads, labels in jobs if r % 2 == 0 else jobs[::-1]:
+            result = run_worker(args, precision, threads, labels, args.seed + r)
+            results[precision, threads, labels].append(result)
             load.append(os.getloadavg()[0])
-            print(f"  round {r + 1}: {precision} threads {threads}: {result['sps']:7.1f} SPS "
-                  f"(load {load[-1]:.2f})", flush=True)
+            print(f"  round {r + 1}: {name(precision, labels)} threads {threads}: "
+                  f"{result['sps']:7.1f} SPS (load {load[-1]:.2f})", flush=True)
 
-    first = args.precision[0]
+    first = kinds[0]
+    names = [name(*k) for k in kinds]
     print(f"\nmedians over {args.rounds} rounds (1-min load average: median "
           f"{statistics.median(load):.2f}, range {min(load):.2f}-{max(load):.2f})")
-    print(f"{'threads':>7} " + " ".join(f"{p + ' SPS':>10}" for p in args.precision)
-          + "".join(f"   {p}/{first}" for p in args.precision[1:]))
+    print(f"{'threads':>7} " + " ".join(f"{n + ' SPS':>10}" for n in names)
+          + "".join(f"   {n}/{names[0]}" for n in names[1:]))
     for t in args.threads:
-        sps = {p: statistics.median(r["sps"] for r in results[p, t]) for p in args.precision}
-        print(f"{t:>7} " + " ".join(f"{sps[p]:10.1f}" for p in args.precision)
-              + "".join(f"   {sps[p] / sps[first]:8.2f}x" for p in args.precision[1:]))
+        sps = {k: statistics.median(r["sps"] for r in results[(k[0], t, k[1])]) for k in kinds}
+        print(f"{t:>7} " + " ".join(f"{sps[k]:10.1f}" for k in kinds)
+              + "".join(f"   {sps[k] / sps[first]:8.2f}x" for k in kinds[1:]))
     print("\ntime split (medians of each part, seconds per run):")
     for t in args.threads:
-        for p in args.precision:
-            runs = results[p, t]
+        for p, v in kinds:
+            runs = results[p, t, v]
             split = {k: statistics.median(r["split"][k] for r in runs) for k in runs[0]["split"]}
-            print(f"  threads {t}, {p}: {split_text(split)}")
+            print(f"  threads {t}, {name(p, v)}: {split_text(split)}")
 
 
 if __name__ == "__main__":
