@@ -6,7 +6,7 @@ Game CATCH (`EnvSpec(game="catch")`, 4 frames per agent step), random actions, t
 vector envs in training's same-step autoreset mode. For each number of envs N:
 
 - `gym async`: gymnasium's AsyncVectorEnv over shared memory, one process per env (fork);
-  what PoolVectorEnv used before its own pool;
+  what the Game Boy vector env used before its own pool;
 - `gym sync`: gymnasium's SyncVectorEnv, every env in this process;
 - `pool in-process`: PoolVectorEnv with `processes=False` (own slices, no workers);
 - `pool K workers`: PoolVectorEnv with K worker processes over shared memory, each

@@ -22,7 +22,8 @@ the scripted player in STYLE labels (`PPOConfig.label_rollouts`, with the BC los
 weight 1 on those labels and on demo batches of the start's lineage, so `--start` must be
 a checkpoint of a bc lineage): its envs step as single emulators in worker processes, the
 script beside each, instead of the C++ vector env. The ratio is the labelled run's steps/s
-to the plain one's.
+to the plain one's at the same precision and thread count; it includes the BC loss on
+demo batches, which labelled rollouts need.
 """
 
 from __future__ import annotations
@@ -127,6 +128,8 @@ def main() -> None:
         sys.exit(f"--start {args.start} is not a file")
     if args.label_rollouts and args.start is None and not args.worker:
         sys.exit("--label-rollouts needs --start: its BC loss reads the start's demos")
+    if args.label_rollouts and args.mode == "scratch":
+        sys.exit("--label-rollouts needs --mode warm: PPO from scratch has no BC loss")
 
     if args.worker:
         print(json.dumps(worker(args.steps, args.threads[0], args.seed, args.mode,
@@ -150,16 +153,27 @@ def main() -> None:
             print(f"  round {r + 1}: {name(precision, labels)} threads {threads}: "
                   f"{result['sps']:7.1f} SPS (load {load[-1]:.2f})", flush=True)
 
-    first = kinds[0]
-    names = [name(*k) for k in kinds]
+    first = args.precision[0]
     print(f"\nmedians over {args.rounds} rounds (1-min load average: median "
           f"{statistics.median(load):.2f}, range {min(load):.2f}-{max(load):.2f})")
-    print(f"{'threads':>7} " + " ".join(f"{n + ' SPS':>10}" for n in names)
-          + "".join(f"   {n}/{names[0]}" for n in names[1:]))
+
+    def sps(precision: str, threads: int, labels: str | None) -> float:
+        return statistics.median(r["sps"] for r in results[precision, threads, labels])
+
+    print(f"{'threads':>7} " + " ".join(f"{p + ' SPS':>10}" for p in args.precision)
+          + "".join(f"   {p}/{first}" for p in args.precision[1:]))
     for t in args.threads:
-        sps = {k: statistics.median(r["sps"] for r in results[(k[0], t, k[1])]) for k in kinds}
-        print(f"{t:>7} " + " ".join(f"{sps[k]:10.1f}" for k in kinds)
-              + "".join(f"   {sps[k] / sps[first]:8.2f}x" for k in kinds[1:]))
+        plain = {p: sps(p, t, None) for p in args.precision}
+        print(f"{t:>7} " + " ".join(f"{plain[p]:10.1f}" for p in args.precision)
+              + "".join(f"   {plain[p] / plain[first]:8.2f}x" for p in args.precision[1:]))
+    if args.label_rollouts:
+        print(f"\n{'threads':>7} {'precision':>9} {'plain SPS':>10} {'labelled SPS':>13} "
+              f"{'labelled/plain':>15}")
+        for t in args.threads:
+            for p in args.precision:
+                plain, labelled = sps(p, t, None), sps(p, t, args.label_rollouts)
+                print(f"{t:>7} {p:>9} {plain:10.1f} {labelled:13.1f} "
+                      f"{labelled / plain:14.2f}x")
     print("\ntime split (medians of each part, seconds per run):")
     for t in args.threads:
         for p, v in kinds:

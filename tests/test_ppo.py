@@ -1130,31 +1130,48 @@ def test_rollout_labels_are_the_scripts_actions_on_the_observations_beside_them(
     assert len(set(rollout.labels.flatten().tolist())) >= 2
 
 
-def test_atari_rollout_labels_are_the_human_players_actions_with_the_agents_keys() -> None:
-    """On Pong the labelled rollout steps single envs in worker processes: replaying its
-    actions in single envs, the human-style player (told each step which key the agent
-    pressed instead of its own, as relabelling tells it) gives every stored label, and the
-    observations are those envs' own."""
+@pytest.mark.parametrize("spec", [
+    EnvSpec(game="pong", max_episode_frames=160),
+    EnvSpec(game="breakout", fire_reset=True, max_episode_frames=160),
+], ids=["pong", "breakout-serving"])
+def test_atari_rollout_labels_are_the_human_players_actions_on_the_played_keys(
+        spec: EnvSpec) -> None:
+    """An Atari labelled rollout steps single envs in worker processes: replaying its
+    actions in single envs, the human-style player gives every stored label when told
+    each step which key was played (the agent's, or FIRE where the env serves), and is
+    reset for each new game on its own seed (env i's first game seed + i, each later one
+    2 further on). Games are cut at 40 steps, so each env starts new games inside the
+    rollout."""
     from oakemu_rl.envs import make_env
 
-    spec = spec_for(())
-    rollout = labelled_rollout(spec, "human", 60)
+    steps = 100
+    fire = action_meanings(spec).index("FIRE")
+    rollout = labelled_rollout(spec, "human", steps)
     for i in range(2):
         env = make_env(spec.for_evaluation())
-        script = make_demonstrator(spec.for_evaluation(), seed=i, style="human")
+        script = make_demonstrator(spec.for_evaluation(), style="human")
+        games = 0
         try:
-            obs, _ = env.reset(seed=4 + i)
-            script.reset(env, i)
-            for t in range(60):
+            obs, info = env.reset(seed=4 + i)
+            script.reset(env, 4 + i)
+            serve, lives = spec.fire_reset, info["lives"]
+            for t in range(steps):
                 np.testing.assert_array_equal(rollout.obs[t, i].numpy(), obs)
                 assert int(rollout.labels[t, i]) == script.act(env, obs), (t, i)
                 action = int(rollout.actions[t, i])
-                script.was_taken(action)
-                obs, *_ = env.step(action)
+                script.was_taken(fire if serve else action)
+                obs, _, terminated, truncated, info = env.step(action)
+                serve, lives = spec.fire_reset and info["lives"] < lives, info["lives"]
+                if terminated or truncated:
+                    games += 1
+                    obs, info = env.reset()
+                    script.reset(env, 4 + i + 2 * games)
+                    serve, lives = spec.fire_reset, info["lives"]
         finally:
             env.close()
-    moves = {int(a) for a in rollout.labels.flatten()} - {0}
-    assert moves  # the script moves the paddle on the agent's states, not only NOOP
+        assert games >= 2
+    moves = {int(a) for a in rollout.labels.flatten()} - {0, fire}
+    assert moves  # the script moves the paddle on the agent's states
 
 
 def test_label_rollouts_add_a_bc_loss_on_the_agents_own_states(tmp_path: Path) -> None:

@@ -200,6 +200,31 @@ def test_relabelling_planner_remembers_the_moves_really_played(tmp_path) -> None
     assert list(planner._history) == [planner._direction_of(a) for a in (3, 0, 3, 3)]
 
 
+def test_relabelling_tells_the_player_the_serve_that_was_played(tmp_path) -> None:
+    # With fire_reset the env plays FIRE on a game's first step whatever the driver
+    # chose, so the player remembering its keys must remember FIRE (still), not the
+    # driver's RIGHT, there.
+    from oakemu_rl.agents.recording import RecordConfig, record
+
+    spec = EnvSpec(game="breakout", fire_reset=True)
+
+    class Right:
+        kind = "policy"
+
+        def reset(self, env: Any, seed: int) -> None:
+            pass
+
+        def act(self, env: Any, observation: np.ndarray) -> int:
+            return 2  # RIGHT
+
+    player = make_demonstrator(spec, seed=0, style="human")
+    record(RecordConfig(out=tmp_path / "r.h5", spec=spec, episodes=1, max_steps=4,
+                        progress=False), player, Right())
+    right = player._direction_of(2)
+    assert right != 0 and player._direction_of(1) == 0
+    assert list(player._history) == [right, right, right, 0]  # newest first
+
+
 # -- the "human" style ----------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ..demos.writer import DemoWriter, EpisodeBuffer
 from ..envs import EnvSpec, action_mask, action_meanings, make_env
+from ..envs.backends import played_action
 from .base import Agent, DiscardEpisode, NoisyAgent, StopRecording
 from .play import checked_action, run_in_processes
 from .policy import load_policy_agent
@@ -141,7 +142,7 @@ def play_episode(env: Any, agent: Agent, driver: Agent | None, mask: np.ndarray,
         if driver is not None:
             action = checked_action(driver.act(env, observation), mask, meanings, driver)
             if taken is not None:
-                taken(action)
+                taken(played_action(env, action))
         next_observation, reward, terminated, truncated, info = env.step(action)
         if max_steps is not None and len(buffer) + 1 >= max_steps:
             truncated = True

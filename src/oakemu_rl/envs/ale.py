@@ -1,4 +1,6 @@
-"""The Arcade Learning Environment backend: one env for play, a C++ vector env for training.
+"""The Arcade Learning Environment backend: one env for play, a C++ vector env for training
+(single envs in worker processes instead where a scripted player labels the rollouts from
+each emulator's RAM, which the C++ vector env does not expose: `pool.PoolVectorEnv`).
 
 Both paths preprocess the same way (frame skip with max-pool, grayscale, resize, a stack
 that is zero before the episode's first frame), so a policy trained on one plays on the
@@ -122,6 +124,10 @@ class FireReset(gym.Wrapper, gym.utils.RecordConstructorArgs):
         obs, info = self.env.reset(**kwargs)
         self._serve, self._lives = True, int(info.get("lives", 0))
         return obs, info
+
+    def played(self, action: int) -> int:
+        """The action the next `step(action)` plays: FIRE where it serves."""
+        return self._fire if self._serve else action
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self._serve:

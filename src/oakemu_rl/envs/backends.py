@@ -57,6 +57,15 @@ def make_env(spec: EnvSpec, render_mode: str | None = None) -> gym.Env:
     return make_ale_env(spec, render_mode)
 
 
+def played_action(env: gym.Env, action: int) -> int:
+    """The action `env` (from `make_env`) plays when `action` is chosen next: FIRE where
+    the env serves for the player (`spec.fire_reset`), else `action`. A scripted player
+    that remembers its keys is told this one when another agent drives."""
+    from .ale import FireReset
+
+    return env.played(action) if isinstance(env, FireReset) else action
+
+
 def make_vector_env(spec: EnvSpec, num_envs: int, *, same_step_reset: bool = False,
                     labeller: str | None = None) -> Any:
     """`num_envs` envs stepped together; observations (n, stack, size, size) uint8, and

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import EnvError
 from ..runtime import usable_cpus
-from .backends import action_meanings, make_env
+from .backends import action_meanings, make_env, played_action
 from .spec import EnvSpec
 
 _STEP, _RESET, _CLOSE = b"s", b"r", b"c"
@@ -104,6 +104,11 @@ class _Slice:
         self.start = start
         self.same_step_reset = same_step_reset
         self.buffers = buffers
+        self.num_envs = len(buffers.obs)
+        # The seed each env's scripted player starts its game with: env i's first game is
+        # seed + i, as the env's, and each later one num_envs further on, so no two games
+        # of a run share one.
+        self.game_seeds = list(range(start, stop))
         self.envs: list[Any] = []
         self.labellers: list[Any] = []
         try:
@@ -112,20 +117,21 @@ class _Slice:
             if labeller is not None:
                 from ..agents.scripted import make_demonstrator
 
-                self.labellers = [make_demonstrator(spec, seed=i, style=labeller)
-                                  for i in range(start, stop)]
+                self.labellers = [make_demonstrator(spec, style=labeller)
+                                  for _ in range(start, stop)]
         except BaseException:
             self.close()
             raise
         self.autoreset = np.zeros(stop - start, dtype=bool)
 
     def _taken(self, j: int, action: int) -> None:
-        """Tell env j's scripted player that the agent, not it, chose this step's action:
-        a player that remembers its own keys (the human style) must remember these."""
+        """Tell env j's scripted player which action this step plays (the agent's, or FIRE
+        where the env serves): a player that remembers its own keys (the human style)
+        must remember these, as relabelling tells it (`recording.play_episode`)."""
         if self.labellers:
             taken = getattr(self.labellers[j], "was_taken", None)
             if taken is not None:
-                taken(action)
+                taken(played_action(self.envs[j], action))
 
     def _label(self, j: int, obs: np.ndarray, new_game: bool) -> None:
         """The scripted player's action for env j's observation `obs` (a new game's first
@@ -133,7 +139,7 @@ class _Slice:
         if self.labellers:
             labeller, env = self.labellers[j], self.envs[j]
             if new_game:
-                labeller.reset(env, self.start + j)
+                labeller.reset(env, self.game_seeds[j])
             self.buffers.labels[self.start + j] = labeller.act(env, obs)
 
     def reset(self, seed: int | None) -> None:
@@ -141,6 +147,7 @@ class _Slice:
         for j, env in enumerate(self.envs):
             i = self.start + j
             obs, info = env.reset(seed=None if seed is None else seed + i)
+            self.game_seeds[j] = self.game_seeds[j] + self.num_envs if seed is None else seed + i
             b.obs[i] = obs
             b.lives[i] = info.get("lives", 0)
             self._label(j, obs, True)
@@ -155,6 +162,7 @@ class _Slice:
                 obs, info = env.reset()
                 reward, terminated, truncated = 0.0, False, False
                 new_game = True
+                self.game_seeds[j] += self.num_envs
             else:
                 self._taken(j, int(b.actions[i]))
                 obs, reward, terminated, truncated, info = env.step(b.actions[i])
@@ -162,6 +170,7 @@ class _Slice:
                     b.final_obs[i] = obs
                     finished = new_game = True
                     obs, info = env.reset()
+                    self.game_seeds[j] += self.num_envs
             self._label(j, obs, new_game)
             b.obs[i] = obs
             b.rewards[i] = reward
