@@ -142,12 +142,16 @@ class _Slice:
                 labeller.reset(env, self.game_seeds[j])
             self.buffers.labels[self.start + j] = labeller.act(env, obs)
 
+    def _new_game(self, j: int, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start env j's next game (on `seed` where given) and its scripted player's seed."""
+        self.game_seeds[j] = self.game_seeds[j] + self.num_envs if seed is None else seed
+        return self.envs[j].reset(seed=seed)
+
     def reset(self, seed: int | None) -> None:
         b = self.buffers
-        for j, env in enumerate(self.envs):
+        for j in range(len(self.envs)):
             i = self.start + j
-            obs, info = env.reset(seed=None if seed is None else seed + i)
-            self.game_seeds[j] = self.game_seeds[j] + self.num_envs if seed is None else seed + i
+            obs, info = self._new_game(j, None if seed is None else seed + i)
             b.obs[i] = obs
             b.lives[i] = info.get("lives", 0)
             self._label(j, obs, True)
@@ -159,18 +163,16 @@ class _Slice:
             i = self.start + j
             finished = new_game = False
             if not self.same_step_reset and self.autoreset[j]:
-                obs, info = env.reset()
+                obs, info = self._new_game(j)
                 reward, terminated, truncated = 0.0, False, False
                 new_game = True
-                self.game_seeds[j] += self.num_envs
             else:
                 self._taken(j, int(b.actions[i]))
                 obs, reward, terminated, truncated, info = env.step(b.actions[i])
                 if self.same_step_reset and (terminated or truncated):
                     b.final_obs[i] = obs
                     finished = new_game = True
-                    obs, info = env.reset()
-                    self.game_seeds[j] += self.num_envs
+                    obs, info = self._new_game(j)
             self._label(j, obs, new_game)
             b.obs[i] = obs
             b.rewards[i] = reward
